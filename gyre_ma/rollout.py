@@ -1,0 +1,210 @@
+"""Option-level rollout: agents pick options, options emit primitive actions.
+
+Each agent of a PettingZoo ParallelEnv runs its current option until the option
+terminates; then the manager chooses the next one among the eligible options. Every
+choice becomes an :class:`OptionCall`; an episode becomes a :class:`Trajectory`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from gyre_ma.envs.base import GyreEnv
+from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.option import OptionContext, Termination
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One agent needing a new option. ``env`` is the unwrapped env (planners use it)."""
+
+    agent: str
+    agent_index: int
+    observation: Any
+    mask: np.ndarray
+    achieved: frozenset[str]
+    last_option: int
+    time_fraction: float
+    env: Any
+
+
+@dataclass(frozen=True)
+class Choice:
+    option: int
+    log_prob: float = 0.0
+    value: float = 0.0
+
+
+class Manager(Protocol):
+    """Chooses options for a batch of simultaneous decisions (one per agent)."""
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]: ...
+
+
+@dataclass
+class OptionCall:
+    """One manager decision and everything that happened while its option ran.
+
+    ``reward`` is the discounted sum inside the option, sum_k γ^k r_{t+k}, so that the
+    SMDP backup is ``reward + γ^duration · V(next)``.
+    """
+
+    agent: str
+    agent_index: int
+    option: int
+    observation: Any
+    mask: np.ndarray
+    achieved: frozenset[str]
+    last_option: int
+    time_fraction: float
+    log_prob: float
+    value: float
+    start_step: int
+    policy_version: int
+    task_seed: int
+    duration: int = 0
+    reward: float = 0.0
+    raw_reward: float = 0.0
+    milestones: tuple[str, ...] = ()
+    terminated: bool = False
+    truncated: bool = False
+    termination: Termination | None = None
+
+    @property
+    def option_terminated(self) -> bool:
+        return self.termination is not None
+
+
+@dataclass
+class Trajectory:
+    """A whole episode: option calls in decision order, per agent and overall."""
+
+    task_seed: int
+    policy_version: int
+    calls: list[OptionCall] = field(default_factory=list)
+    length: int = 0
+    """Primitive (team) steps taken."""
+    milestone_steps: dict[str, int] = field(default_factory=dict)
+    """First step at which each milestone was verified."""
+    success: bool = False
+    """Every goal verified on environment state at the end."""
+    total_reward: float = 0.0
+
+    def agent_calls(self, agent: str) -> list[OptionCall]:
+        return [c for c in self.calls if c.agent == agent]
+
+
+@dataclass
+class _Running:
+    call: OptionCall
+    ctx: OptionContext
+    discount: float = 1.0
+
+
+def run_episode(
+    env: GyreEnv,
+    library: OptionLibrary,
+    manager: Manager,
+    *,
+    seed: int,
+    gamma: float = 0.99,
+    policy_version: int = 0,
+    max_steps: int | None = None,
+) -> Trajectory:
+    """Roll one episode out, option by option, and return its whole trajectory.
+
+    ``max_steps`` is the primitive step cap (defaults to the env's own ``max_cycles``);
+    reaching it truncates every running option.
+    """
+    observations, _ = env.reset(seed=seed)
+    cap = max_steps if max_steps is not None else int(getattr(env, "max_cycles", 10_000))
+    graph = library.graph
+    goals = frozenset(graph.goals)
+    agent_index = {a: i for i, a in enumerate(env.possible_agents)}
+    rng = np.random.default_rng(seed)
+    traj = Trajectory(task_seed=seed, policy_version=policy_version)
+    running: dict[str, _Running | None] = {a: None for a in env.agents}
+    last: dict[str, int] = {a: -1 for a in env.possible_agents}
+    verified = env.verified_milestones()
+    for m in verified:
+        traj.milestone_steps.setdefault(m, 0)
+    step = 0
+    while env.agents and step < cap:
+        needing = [a for a in env.agents if running.get(a) is None]
+        if needing:
+            decisions = []
+            for a in needing:
+                ctx = OptionContext(
+                    agent=a, env=env, observation=observations[a], achieved=verified, rng=rng
+                )
+                mask = library.mask(verified, ctx)
+                if not mask.any():
+                    raise ValueError(
+                        f"library {library.name!r}: no option is eligible for agent {a!r} with "
+                        f"milestones {sorted(verified)}; add an always-eligible option (e.g. wait)"
+                    )
+                decisions.append(
+                    Decision(a, agent_index[a], observations[a], mask, verified, last[a], step / cap, env)
+                )
+            for d, choice in zip(decisions, manager.decide(decisions), strict=True):
+                if not d.mask[choice.option]:
+                    raise ValueError(
+                        f"manager chose option {library[choice.option].name!r} for agent "
+                        f"{d.agent!r}, which the mask forbids"
+                    )
+                call = OptionCall(
+                    agent=d.agent, agent_index=d.agent_index, option=choice.option,
+                    observation=d.observation, mask=d.mask, achieved=d.achieved,
+                    last_option=d.last_option, time_fraction=d.time_fraction,
+                    log_prob=choice.log_prob, value=choice.value, start_step=step,
+                    policy_version=policy_version, task_seed=seed,
+                )
+                traj.calls.append(call)
+                last[d.agent] = choice.option
+                running[d.agent] = _Running(
+                    call, OptionContext(d.agent, env, d.observation, verified, rng=rng)
+                )
+        actions = {a: library[running[a].call.option].policy(running[a].ctx) for a in env.agents}
+        observations, rewards, terms, truncs, _ = env.step(actions)
+        step += 1
+        verified = env.verified_milestones()
+        for m in verified:
+            traj.milestone_steps.setdefault(m, step)
+        for a in actions:
+            run = running[a]
+            call, ctx = run.call, run.ctx
+            r = float(rewards.get(a, 0.0))
+            call.reward += run.discount * r
+            call.raw_reward += r
+            traj.total_reward += r
+            run.discount *= gamma
+            call.duration += 1
+            ctx.steps += 1
+            ctx.achieved = verified
+            if a in observations:
+                ctx.observation = observations[a]
+            call.terminated = bool(terms.get(a, False))
+            call.truncated = bool(truncs.get(a, False)) or (step >= cap and not call.terminated)
+            reason = library[call.option].termination(ctx, verified)
+            if call.terminated or call.truncated:
+                reason = reason or Termination.EPISODE
+            if reason is not None:
+                call.termination = reason
+                call.milestones = tuple(
+                    m for m, s in traj.milestone_steps.items() if s > call.start_step
+                )
+                running[a] = None
+    for run in running.values():  # agents still mid-option when the cap or the env ended it
+        if run is not None and run.call.termination is None:
+            run.call.truncated = not run.call.terminated
+            run.call.termination = Termination.EPISODE
+            run.call.milestones = tuple(
+                m for m, s in traj.milestone_steps.items() if s > run.call.start_step
+            )
+    traj.length = step
+    traj.success = goals <= verified
+    return traj

@@ -1,0 +1,10 @@
+"""Options, the option library, and the task graph of milestones they achieve."""
+
+from gyre_ma.options.graph import Milestone, TaskGraph
+from gyre_ma.options.library import OptionLibrary, reference, resolve
+from gyre_ma.options.option import Option, OptionContext, SubPolicy, Termination
+
+__all__ = [
+    "Milestone", "Option", "OptionContext", "OptionLibrary", "SubPolicy", "TaskGraph",
+    "Termination", "reference", "resolve",
+]

@@ -1,0 +1,219 @@
+"""OptionLibrary: the registry of options users define, in Python or in YAML."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.options.option import Option, OptionContext
+
+_OPTION_KEYS = {
+    "name", "milestone", "policy", "initiation", "done", "failure", "max_steps", "repeatable",
+    "description",
+}
+_CALLABLE_KEYS = ("policy", "initiation", "done", "failure")
+
+
+def resolve(ref: str, where: str) -> Any:
+    """Import ``module:attr.path``; errors name ``where`` (a dotted config path)."""
+    if not isinstance(ref, str) or ref.count(":") != 1:
+        raise ValueError(f"{where}: expected a 'module:callable' reference, got {ref!r}")
+    module_name, attr_path = ref.split(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{where}: cannot import module {module_name!r} ({exc})") from None
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{where}: module {module_name!r} has no attribute {attr_path!r}") from None
+    return obj
+
+
+def reference(obj: Any) -> str:
+    """The ``module:qualname`` of an importable object (inverse of :func:`resolve`)."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise ValueError(f"{obj!r} is not importable by reference (lambda or local function)")
+    return f"{module}:{qualname}"
+
+
+class OptionLibrary:
+    """Options over one task graph. Iteration order is the option index order the
+    manager's categorical distribution uses."""
+
+    def __init__(self, name: str, graph: TaskGraph, options: list[Option] | None = None) -> None:
+        if not isinstance(graph, TaskGraph):
+            raise TypeError(f"library {name!r}: graph must be a TaskGraph, got {type(graph).__name__}")
+        self.name = name
+        self.graph = graph
+        self._options: list[Option] = []
+        self._index: dict[str, int] = {}
+        for opt in options or []:
+            self.add(opt)
+
+    # ------------------------------------------------------------------ building
+    def add(self, option: Option) -> Option:
+        if not isinstance(option, Option):
+            raise TypeError(f"library {self.name!r}: expected an Option, got {type(option).__name__}")
+        if option.name in self._index:
+            raise ValueError(f"library {self.name!r}: duplicate option name {option.name!r}")
+        if option.milestone is not None and option.milestone not in self.graph:
+            raise ValueError(
+                f"library {self.name!r}: option {option.name!r} achieves milestone "
+                f"{option.milestone!r}, which is not a node of the task graph; "
+                f"known: {list(self.graph.names)}"
+            )
+        self._index[option.name] = len(self._options)
+        self._options.append(option)
+        return option
+
+    def option(self, name: str | None = None, **kwargs: Any) -> Callable[[Callable], Callable]:
+        """Decorator: register the decorated sub-policy as an option.
+
+        >>> @library.option(milestone="collect_wood", max_steps=50)
+        ... def chop_tree(ctx): ...
+        """
+
+        def register(fn: Callable) -> Callable:
+            self.add(Option(name=name or fn.__name__, policy=fn, **kwargs))
+            return fn
+
+        return register
+
+    def validate(self) -> OptionLibrary:
+        """Every goal must be achievable with the options this library has."""
+        covered = {o.milestone for o in self._options if o.milestone is not None}
+        reachable = self.graph.achievable(covered)
+        for goal in self.graph.goals:
+            if goal not in reachable:
+                needed = set(self.graph.required_for(goal)) - covered
+                raise ValueError(
+                    f"library {self.name!r}: goal {goal!r} is unreachable: no option achieves "
+                    f"milestone(s) {sorted(needed)}"
+                )
+        return self
+
+    # ------------------------------------------------------------------ access
+    def __iter__(self) -> Iterator[Option]:
+        return iter(self._options)
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def __getitem__(self, key: int | str) -> Option:
+        if isinstance(key, str):
+            if key not in self._index:
+                raise KeyError(f"library {self.name!r} has no option {key!r}; known: {self.names}")
+            return self._options[self._index[key]]
+        return self._options[key]
+
+    def index(self, name: str) -> int:
+        return self._index[self[name].name]
+
+    @property
+    def names(self) -> list[str]:
+        return [o.name for o in self._options]
+
+    def mask(self, achieved: frozenset[str], ctx: OptionContext | None = None) -> np.ndarray:
+        """Options the manager may choose now: graph eligibility, then each option's own
+        initiation predicate when a context is given."""
+        mask = self.graph.mask(self, achieved)
+        if ctx is not None:
+            for i, opt in enumerate(self._options):
+                if mask[i] and opt.initiation is not None:
+                    mask[i] = opt.can_start(ctx)
+        return mask
+
+    # ------------------------------------------------------------------ YAML
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], where: str = "library") -> OptionLibrary:
+        """Build from ``{"name", "graph": {...} | "module:callable", "options": [...]}``."""
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{where}: expected a mapping, got {type(spec).__name__}")
+        unknown = set(spec) - {"name", "graph", "options"}
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown key(s) {sorted(unknown)}; accepted: ['graph', 'name', 'options']"
+            )
+        graph_spec = spec.get("graph")
+        if isinstance(graph_spec, str):
+            graph = resolve(graph_spec, f"{where}.graph")
+            graph = graph() if callable(graph) else graph
+            if not isinstance(graph, TaskGraph):
+                raise ValueError(f"{where}.graph: {graph_spec!r} did not give a TaskGraph")
+        else:
+            try:
+                graph = TaskGraph.from_spec(graph_spec if graph_spec is not None else {})
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{where}.graph: {exc}") from None
+        library = cls(str(spec.get("name", "library")), graph)
+        options = spec.get("options")
+        if not isinstance(options, list) or not options:
+            raise ValueError(f"{where}.options: expected a non-empty list of options, got {options!r}")
+        for i, raw in enumerate(options):
+            at = f"{where}.options[{i}]"
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{at}: expected a mapping, got {raw!r}")
+            bad = set(raw) - _OPTION_KEYS
+            if bad:
+                raise ValueError(f"{at}: unknown key(s) {sorted(bad)}; accepted: {sorted(_OPTION_KEYS)}")
+            if "name" not in raw or "policy" not in raw:
+                raise ValueError(f"{at}: 'name' and 'policy' are required")
+            kwargs = dict(raw)
+            for key in _CALLABLE_KEYS:
+                if kwargs.get(key) is not None:
+                    kwargs[key] = resolve(kwargs[key], f"{at}.{key}")
+            try:
+                library.add(Option(**kwargs))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{at}: {exc}") from None
+        return library.validate()
+
+    def to_spec(self) -> dict[str, Any]:
+        """Inverse of :meth:`from_spec`; every callable must be importable by reference."""
+        options = []
+        for opt in self._options:
+            entry: dict[str, Any] = {"name": opt.name, "policy": reference(opt.policy)}
+            if opt.milestone is not None:
+                entry["milestone"] = opt.milestone
+            for key in ("initiation", "done", "failure"):
+                if getattr(opt, key) is not None:
+                    entry[key] = reference(getattr(opt, key))
+            if opt.max_steps != 200:
+                entry["max_steps"] = opt.max_steps
+            if opt.repeatable:
+                entry["repeatable"] = True
+            if opt.description:
+                entry["description"] = opt.description
+            options.append(entry)
+        return {"name": self.name, "graph": self.graph.to_spec(), "options": options}
+
+    @classmethod
+    def load(cls, source: str | Path) -> OptionLibrary:
+        """Load a YAML file, or call a ``module:callable`` that returns a library."""
+        text = str(source)
+        path = Path(text)
+        if path.suffix in (".yaml", ".yml") or path.exists():
+            if not path.exists():
+                raise ValueError(f"library file {text!r} does not exist")
+            try:
+                spec = yaml.safe_load(path.read_text())
+            except yaml.YAMLError as exc:
+                raise ValueError(f"library file {text!r} is not valid YAML: {exc}") from None
+            return cls.from_spec(spec, where=path.name)
+        factory = resolve(text, "library")
+        library = factory() if callable(factory) and not isinstance(factory, OptionLibrary) else factory
+        if not isinstance(library, OptionLibrary):
+            raise ValueError(f"library: {text!r} gave {type(library).__name__}, expected an OptionLibrary")
+        return library.validate()
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_spec(), sort_keys=False))

@@ -1,0 +1,141 @@
+"""Option: a macro-action — initiation, a sub-policy emitting primitive actions, termination."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from gyre_ma.options.graph import TaskGraph
+
+
+@dataclass
+class OptionContext:
+    """What a sub-policy sees at each primitive step of one option call.
+
+    ``env`` is the unwrapped environment (scripted options may read its state, as a
+    controller would); neural and LLM options use ``observation``. ``memory`` is scratch
+    space that lives for the option call (cached paths, retry counters).
+    """
+
+    agent: str
+    env: Any
+    observation: Any
+    achieved: frozenset[str]
+    steps: int = 0
+    memory: dict[str, Any] = field(default_factory=dict)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+
+@runtime_checkable
+class SubPolicy(Protocol):
+    """Anything that maps an OptionContext to one primitive action for its agent:
+    a plain function, a torch module wrapper, or an LLM-backed policy."""
+
+    def __call__(self, ctx: OptionContext) -> Any: ...
+
+
+Predicate = Callable[[OptionContext], bool]
+
+
+class Termination(enum.Enum):
+    """Why an option call ended. Kept apart from the episode's terminated/truncated."""
+
+    MILESTONE = "milestone"  # its milestone was verified on environment state
+    DONE = "done"  # a repeatable option's unit of work is done
+    FAILURE = "failure"  # its failure predicate held
+    MAX_STEPS = "max_steps"  # it ran out of its step cap
+    EPISODE = "episode"  # the episode ended (agent terminated or truncated) first
+
+
+def _check_callable(owner: str, what: str, fn: object, n_args: int = 1) -> None:
+    if fn is None:
+        return
+    if not callable(fn):
+        raise TypeError(f"option {owner!r}: {what} must be callable, got {type(fn).__name__}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and C callables: trust them
+        return
+    params = [
+        p for p in sig.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values())
+    positional = [
+        p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(params) > n_args or (len(positional) < n_args and not varargs):
+        raise TypeError(
+            f"option {owner!r}: {what} must take exactly one argument (an OptionContext), "
+            f"got signature {sig}"
+        )
+
+
+@dataclass(frozen=True)
+class Option:
+    """One macro-action of an option library.
+
+    ``milestone`` is the task-graph node the option achieves (None for upkeep options such
+    as eating, which are always eligible). A one-shot option ends when its milestone is
+    verified and is masked afterwards; a ``repeatable`` one (collect one more unit) ends
+    when ``done`` holds and stays eligible once its milestone is unlocked.
+    """
+
+    name: str
+    policy: SubPolicy
+    milestone: str | None = None
+    initiation: Predicate | None = None
+    """Extra initiation condition beyond the graph prerequisites."""
+    done: Predicate | None = None
+    """Success condition of a repeatable (or upkeep) option."""
+    failure: Predicate | None = None
+    max_steps: int = 200
+    repeatable: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"option name must be an identifier-like string, got {self.name!r}")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ValueError(f"option {self.name!r}: max_steps must be an int >= 1, got {self.max_steps!r}")
+        _check_callable(self.name, "policy", self.policy)
+        for what in ("initiation", "done", "failure"):
+            _check_callable(self.name, what, getattr(self, what))
+        if self.repeatable and self.done is None:
+            raise ValueError(
+                f"option {self.name!r}: a repeatable option needs a 'done' predicate "
+                "(when is one unit of work finished?)"
+            )
+        if self.milestone is None and self.done is None:
+            raise ValueError(
+                f"option {self.name!r}: an option without a milestone needs a 'done' predicate"
+            )
+
+    def graph_eligible(self, graph: TaskGraph, achieved: frozenset[str]) -> bool:
+        """Eligibility from the task graph alone (no state predicate)."""
+        if self.milestone is None:
+            return True
+        if not self.repeatable and self.milestone in achieved:
+            return False
+        return graph.unlocked(self.milestone, achieved)
+
+    def can_start(self, ctx: OptionContext) -> bool:
+        return self.initiation is None or bool(self.initiation(ctx))
+
+    def termination(self, ctx: OptionContext, verified: frozenset[str]) -> Termination | None:
+        """Check termination after a primitive step; ``verified`` is the state's milestones."""
+        if self.milestone is not None and not self.repeatable and self.milestone in verified:
+            return Termination.MILESTONE
+        if self.done is not None and self.done(ctx):
+            return Termination.DONE
+        if self.failure is not None and self.failure(ctx):
+            return Termination.FAILURE
+        if ctx.steps >= self.max_steps:
+            return Termination.MAX_STEPS
+        return None

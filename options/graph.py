@@ -266,6 +266,7 @@ class TaskGraph:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
 
         done = frozenset(achieved)
@@ -298,9 +299,11 @@ class TaskGraph:
         )
         ax.legend(
             handles=[Patch(color=c, label=k) for k, c in _COLOURS.items()]
-            + [Patch(facecolor="white", edgecolor="black", label="goal (bold border)")],
-            loc="upper left", fontsize=8,
+            + [Patch(facecolor="white", edgecolor="black", label="goal (bold border)")]
+            + [Line2D([], [], color="black", linestyle="dashed", label="alternative (any of)")],
+            loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=5, fontsize=8, frameon=False,
         )
+        ax.margins(x=0.12, y=0.18)
         ax.set_title(title or f"task graph — goals: {', '.join(self.goals)}")
         ax.axis("off")
         fig.tight_layout()

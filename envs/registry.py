@@ -1,0 +1,77 @@
+"""Environment ids → factories for the env, its scripted option library and its oracle."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from gyre_ma.options.library import OptionLibrary, resolve
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    env: str
+    """``module:callable`` returning the native ParallelEnv."""
+    library: str
+    """``module:callable`` returning the scripted OptionLibrary (may take the env)."""
+    oracle: str | None = None
+    """``module:callable`` returning the oracle Manager."""
+
+
+ENVIRONMENTS: dict[str, EnvSpec] = {
+    "techtree_v0": EnvSpec(
+        env="gyre_ma.envs.techtree_v0:parallel_env",
+        library="gyre_ma.envs.techtree.options:make_library",
+        oracle="gyre_ma.envs.techtree.oracle:OracleManager",
+    ),
+    "workflow_v0": EnvSpec(
+        env="gyre_ma.envs.workflow_v0:parallel_env",
+        library="gyre_ma.envs.workflow.options:make_library",
+        oracle="gyre_ma.envs.workflow.oracle:OracleManager",
+    ),
+}
+
+
+def _call_with_env(factory: Any, env: Any, where: str) -> Any:
+    """Call a factory that may or may not take the environment as its one argument."""
+    params = inspect.signature(factory).parameters
+    required = [p for p in params.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if len(required) > 1:
+        raise ValueError(f"{where}: factory {factory!r} must take at most one argument (the env)")
+    return factory(env) if params else factory()
+
+
+def make_env(env_id: str, **kwargs: Any) -> Any:
+    """Build a native ParallelEnv from a registered id or a ``module:callable``."""
+    if env_id in ENVIRONMENTS:
+        factory = resolve(ENVIRONMENTS[env_id].env, "env.id")
+    elif ":" in env_id:
+        factory = resolve(env_id, "env.id")
+    else:
+        raise ValueError(
+            f"env.id: unknown environment {env_id!r}; registered: {sorted(ENVIRONMENTS)} "
+            "(or give 'module:callable')"
+        )
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"env.kwargs: {env_id} rejected the arguments {kwargs!r} ({exc})") from None
+
+
+def make_library(env_id: str, env: Any, source: str | None = None) -> OptionLibrary:
+    """The option library: ``source`` (YAML or ``module:callable``) or the env's own."""
+    if source is not None:
+        library = OptionLibrary.load(source)
+    elif env_id in ENVIRONMENTS:
+        library = _call_with_env(resolve(ENVIRONMENTS[env_id].library, "library"), env, "library")
+    else:
+        raise ValueError(f"library: environment {env_id!r} has no built-in library; set 'library'")
+    return library.validate()
+
+
+def make_oracle(env_id: str, env: Any) -> Any:
+    spec = ENVIRONMENTS.get(env_id)
+    if spec is None or spec.oracle is None:
+        raise ValueError(f"manager.kind: environment {env_id!r} has no oracle manager")
+    return _call_with_env(resolve(spec.oracle, "oracle"), env, "oracle")

@@ -1,0 +1,23 @@
+"""Credit assignment: pure functions from option calls to advantages and value targets.
+
+Trainers choose an estimator through :func:`option_advantages`; they never
+re-implement one.
+"""
+
+from gyre_ma.credit.blend import AdvantageMode, adaptive_blend_weights, blend_advantages, option_advantages
+from gyre_ma.credit.gae import smdp_gae, smdp_returns
+from gyre_ma.credit.outcome import GroupStats, group_outcome_advantages, group_outcome_stats
+from gyre_ma.credit.segmented import segmented_gae
+
+__all__ = [
+    "AdvantageMode",
+    "GroupStats",
+    "adaptive_blend_weights",
+    "blend_advantages",
+    "group_outcome_advantages",
+    "group_outcome_stats",
+    "option_advantages",
+    "segmented_gae",
+    "smdp_gae",
+    "smdp_returns",
+]

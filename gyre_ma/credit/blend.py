@@ -1,0 +1,147 @@
+"""Blend of local (milestone-segmented) credit with the global outcome advantage.
+
+Local GAE says which calls moved the value estimate; the group-normalised outcome says
+which whole episodes beat their siblings on the same task seed. Each option call gets
+A = (1 − w) · A_local + w · A_global, where A_global is its episode's outcome advantage.
+
+The weight adapts per group. Rule: w = 0 when the group's outcomes are all equal (all
+succeed, all fail, or a group of one — the outcome does not discriminate, rely on local
+credit); otherwise w = w_max, or w = w_max · min(1, std_group / std_ref) when a
+reference spread ``std_ref`` is given (for 0/1 success, std_ref = 0.5 gives full weight
+at a 50 % success rate and less as the group becomes lopsided).
+
+:func:`option_advantages` is the one entry point trainers call; ``mode`` picks plain
+option-level GAE (the ablation), segmented GAE, or the blend.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from gyre_ma.credit.gae import _check_bool, _check_shape, _check_unit, smdp_gae
+from gyre_ma.credit.outcome import group_outcome_advantages, group_outcome_stats
+from gyre_ma.credit.segmented import segmented_gae
+
+AdvantageMode = Literal["plain", "segmented", "blend"]
+
+
+def adaptive_blend_weights(
+    *, outcomes: Tensor, groups: Tensor, w_max: float, std_ref: float | None = None
+) -> Tensor:
+    """Per-episode weight of the global advantage, [E] from ``outcomes``/``groups`` [E].
+
+    0 where the group does not discriminate; else ``w_max``, scaled by
+    ``min(1, std_group / std_ref)`` when ``std_ref`` is given.
+    """
+    _check_unit("w_max", w_max)
+    if std_ref is not None and not std_ref > 0:
+        raise ValueError(f"std_ref must be > 0 or None, got {std_ref!r}")
+    stats = group_outcome_stats(outcomes=outcomes, groups=groups)
+    scale = torch.ones_like(stats.std) if std_ref is None else (stats.std / std_ref).clamp(max=1.0)
+    return torch.where(stats.discriminates, w_max * scale, 0.0)
+
+
+def blend_advantages(
+    *,
+    local: Tensor,
+    outcome_advantages: Tensor,
+    weights: Tensor,
+    episode_index: Tensor | None = None,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """(1 − w_e) · local + w_e · outcome_e, broadcast over each row's option calls.
+
+    Shapes: ``local`` [T] or [B, T] (a row is one agent's calls in one episode);
+    ``outcome_advantages`` and ``weights`` [E]; ``episode_index`` [] or [B] integer, the
+    episode of each row (default: row b is episode b, which needs E == B); ``mask`` bool
+    like ``local``. Output: the shape of ``local``, 0 at padding.
+    """
+    if not isinstance(local, Tensor):
+        raise TypeError(f"local must be a torch.Tensor, got {type(local).__name__}")
+    if local.ndim not in (1, 2) or not local.is_floating_point():
+        raise ValueError(f"local must be a floating [T] or [B, T] tensor, got {tuple(local.shape)} {local.dtype}")
+    if not isinstance(outcome_advantages, Tensor) or outcome_advantages.ndim != 1:
+        got = tuple(outcome_advantages.shape) if isinstance(outcome_advantages, Tensor) else type(outcome_advantages).__name__
+        raise ValueError(f"outcome_advantages must have shape [E], one per episode, got {got}")
+    _check_shape("weights", weights, outcome_advantages.shape, ref="outcome_advantages")
+    lead, episodes = local.shape[:-1], outcome_advantages.shape[0]
+    if episode_index is None:
+        if lead.numel() != episodes:
+            raise ValueError(f"episode_index is required: local {tuple(local.shape)} has {lead.numel()} "
+                             f"row(s) but outcome_advantages has {episodes} episode(s)")
+        episode_index = torch.arange(episodes, device=local.device).reshape(lead)
+    _check_shape("episode_index", episode_index, lead, ref="local without its last (time) axis")
+    if episode_index.is_floating_point() or episode_index.dtype == torch.bool:
+        raise ValueError(f"episode_index must be an integer tensor, got dtype {episode_index.dtype}")
+    if episode_index.numel() and (episode_index.min() < 0 or episode_index.max() >= episodes):
+        raise ValueError(f"episode_index must be in [0, {episodes}), got values in "
+                         f"[{episode_index.min().item()}, {episode_index.max().item()}]")
+    w = weights[episode_index].unsqueeze(-1)
+    blended = (1.0 - w) * local + w * outcome_advantages[episode_index].unsqueeze(-1)
+    if mask is None:
+        return blended
+    _check_shape("mask", mask, local.shape, ref="local")
+    _check_bool("mask", mask)
+    return torch.where(mask, blended, 0.0)
+
+
+def option_advantages(
+    *,
+    mode: AdvantageMode,
+    rewards: Tensor,
+    values: Tensor,
+    durations: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    gamma: float,
+    lam: float,
+    milestones: Tensor | None = None,
+    bootstrap_value: Tensor | float | None = None,
+    next_values: Tensor | None = None,
+    mask: Tensor | None = None,
+    outcomes: Tensor | None = None,
+    groups: Tensor | None = None,
+    episode_index: Tensor | None = None,
+    w_max: float = 0.5,
+    std_ref: float | None = None,
+    eps: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """Advantages for the manager and value targets for its critic: ``(advantages, returns)``.
+
+    - ``"plain"``: :func:`~gyre_ma.credit.gae.smdp_gae` (``milestones`` and outcomes ignored,
+      so one call site serves the ablation).
+    - ``"segmented"``: :func:`~gyre_ma.credit.segmented.segmented_gae`; needs ``milestones``.
+    - ``"blend"``: segmented GAE blended with the group-normalised outcome advantage under
+      the adaptive weight of :func:`adaptive_blend_weights`; needs ``milestones``,
+      ``outcomes`` and ``groups`` ([E]) and, unless row b is episode b, ``episode_index``.
+
+    ``returns`` are always the local λ-returns (A_local + V): the critic learns values,
+    not blended advantages. Shapes as in :func:`~gyre_ma.credit.gae.smdp_gae`.
+    """
+    if mode not in get_args(AdvantageMode):
+        raise ValueError(f"mode must be one of {list(get_args(AdvantageMode))}, got {mode!r}")
+    common = dict(rewards=rewards, values=values, durations=durations, terminated=terminated,
+                  truncated=truncated, gamma=gamma, lam=lam, bootstrap_value=bootstrap_value,
+                  next_values=next_values, mask=mask)
+    if mode == "plain":
+        return smdp_gae(**common)
+    if milestones is None:
+        raise ValueError(f"mode {mode!r} needs milestones (bool, the shape of rewards); "
+                         "use mode='plain' for GAE without segments")
+    local, returns = segmented_gae(milestones=milestones, **common)
+    if mode == "segmented":
+        return local, returns
+    if outcomes is None or groups is None:
+        missing = [n for n, x in (("outcomes", outcomes), ("groups", groups)) if x is None]
+        raise ValueError(f"mode 'blend' needs outcomes and groups ([E], one per episode); missing {missing}")
+    advantages = blend_advantages(
+        local=local,
+        outcome_advantages=group_outcome_advantages(outcomes=outcomes, groups=groups, eps=eps),
+        weights=adaptive_blend_weights(outcomes=outcomes, groups=groups, w_max=w_max, std_ref=std_ref),
+        episode_index=episode_index,
+        mask=mask,
+    )
+    return advantages, returns

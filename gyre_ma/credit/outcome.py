@@ -1,0 +1,70 @@
+"""Global outcome advantage, normalised within groups of episodes (GRPO style).
+
+Episodes of the same task seed form a group; an episode's advantage is how much better
+its outcome (verified success 0/1, or its return) was than its group's, in units of the
+group's spread. A group whose outcomes are all equal — every rollout succeeded, or every
+one failed, or a lone rollout — says nothing about which behaviour was better, so its
+advantage is 0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class GroupStats(NamedTuple):
+    """Per-episode statistics of the episode's group, each [E]."""
+
+    mean: Tensor
+    std: Tensor
+    """Population standard deviation (divides by the group size)."""
+    size: Tensor
+    discriminates: Tensor
+    """The group's outcomes are not all equal (exact; a group of one never discriminates)."""
+
+
+def group_outcome_stats(*, outcomes: Tensor, groups: Tensor) -> GroupStats:
+    """Mean, std, size and discrimination of each episode's group.
+
+    Shapes: ``outcomes`` [E] floating, finite; ``groups`` [E] integer (the task seed).
+    """
+    for name, x in (("outcomes", outcomes), ("groups", groups)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if outcomes.ndim != 1:
+        raise ValueError(f"outcomes must have shape [E], one per episode, got {tuple(outcomes.shape)}")
+    if groups.shape != outcomes.shape:
+        raise ValueError(f"groups has shape {tuple(groups.shape)}; expected {tuple(outcomes.shape)}, "
+                         "the shape of outcomes")
+    if not outcomes.is_floating_point():
+        raise ValueError(f"outcomes must be a floating tensor, got dtype {outcomes.dtype}")
+    if groups.is_floating_point() or groups.is_complex():
+        raise ValueError(f"groups must be an integer tensor (task seeds), got dtype {groups.dtype}")
+    if not torch.isfinite(outcomes).all():
+        i = (~torch.isfinite(outcomes)).nonzero()[0].item()
+        raise ValueError(f"outcomes must be finite, got {outcomes[i].item()} at [{i}]")
+    _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    zeros = outcomes.new_zeros(counts.shape)
+    mean = zeros.index_add(0, inverse, outcomes) / counts
+    centered = outcomes - mean[inverse]
+    std = (zeros.index_add(0, inverse, centered * centered) / counts).sqrt()
+    high = zeros.scatter_reduce(0, inverse, outcomes, "amax", include_self=False)
+    low = zeros.scatter_reduce(0, inverse, outcomes, "amin", include_self=False)
+    return GroupStats(mean=mean[inverse], std=std[inverse], size=counts[inverse],
+                      discriminates=(high > low)[inverse])
+
+
+def group_outcome_advantages(*, outcomes: Tensor, groups: Tensor, eps: float = 1e-8) -> Tensor:
+    """A_i = (o_i − mean_g) / (std_g + eps), and 0 where the group does not discriminate.
+
+    Shapes: ``outcomes`` [E] floating, ``groups`` [E] integer → [E], dtype of ``outcomes``.
+    The std is the population one, so a group {0, 1} gives exactly ±1 (up to eps).
+    """
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+    stats = group_outcome_stats(outcomes=outcomes, groups=groups)
+    advantages = (outcomes - stats.mean) / (stats.std + eps)
+    return torch.where(stats.discriminates, advantages, 0.0)

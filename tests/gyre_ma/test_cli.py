@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from gyre_ma.cli import main
+
+EXAMPLE = "gyre_ma.options.examples:breakfast"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gyre_ma.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_graph_command_writes_png_and_dot(tmp_path):
+    out = run_cli("graph", EXAMPLE, "--out", str(tmp_path / "g.png"), "--dot", str(tmp_path / "g.dot"),
+                  "--achieved", "get_eggs")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+    dot = (tmp_path / "g.dot").read_text()
+    assert '"get_eggs" [fillcolor="#8fd18f"]' in dot and '"fry_eggs" [fillcolor="#ffd166"]' in dot
+
+
+def test_check_prints_library_summary(capsys):
+    assert main(["check", EXAMPLE]) == 0
+    out = capsys.readouterr().out
+    assert "breakfast" in out and "critical path 61 steps" in out and "ok" in out
+
+
+def broken_library(tmp_path, mutate) -> str:
+    from gyre_ma.options.examples import library
+
+    spec = library.to_spec()
+    mutate(spec)
+    path = tmp_path / "lib.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda s: s["graph"]["milestones"]["get_eggs"].update(requires=["serve"]), "cycle"),
+        (lambda s: s["graph"]["milestones"]["serve"].update(requires=["ghost"]), "requires 'ghost'"),
+        (lambda s: s["options"].append(dict(s["options"][0])), "duplicate option name 'fetch_get_eggs'"),
+        (lambda s: s["options"][0].update(milestone="moon"), "milestone 'moon', which is not a node"),
+        (lambda s: s["options"][0].update(policy="gyre_ma.options.examples:nothing"), "options[0].policy"),
+        (lambda s: s["options"][0].update(policy="shutil:copy"), "options[0]: option 'fetch_get_eggs': policy must take exactly one"),
+        (lambda s: s["options"].pop(7), "goal 'serve' is unreachable"),
+        (lambda s: s["graph"].update(goals=["breakfast"]), "goal 'breakfast' is not a milestone"),
+        (lambda s: s["options"][2].update(max_steps=0), "max_steps must be an int >= 1"),
+    ],
+)
+def test_check_catches_broken_libraries(tmp_path, capsys, mutate, expected):
+    path = broken_library(tmp_path, mutate)
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_user_errors_exit_2_without_traceback_and_debug_shows_it(tmp_path):
+    out = run_cli("check", "no_such_module:thing")
+    assert out.returncode == 2 and "cannot import module 'no_such_module'" in out.stderr
+    assert "Traceback" not in out.stderr
+    debug = run_cli("--debug", "check", "no_such_module:thing")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    bad_yaml = tmp_path / "c.yaml"
+    bad_yaml.write_text("train: [unclosed")
+    out = run_cli("check", str(bad_yaml))
+    assert out.returncode == 2 and "not valid YAML" in out.stderr
+    out = run_cli("graph", EXAMPLE, "--out", str(tmp_path / "g.svg"))
+    assert out.returncode == 2 and "expected a .png or .dot" in out.stderr
+    out = run_cli("graph", EXAMPLE, "--achieved", "pancakes", "--out", str(tmp_path / "g.png"))
+    assert out.returncode == 2 and "'pancakes' is not a milestone" in out.stderr

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from gyre_ma.cli import main
+from gyre_ma.config import ConfigError, ExperimentConfig, TrainConfig, dump_config, load_config, parse_config
+
+
+def test_defaults_validate_and_derived_values_are_properties():
+    cfg = parse_config({"name": "x", "train": {"episodes_per_iteration": 12, "group_size": 4}})
+    assert cfg.train.groups_per_iteration == 3
+    assert str(cfg.run_dir) == "runs/x"
+    with pytest.raises(Exception):
+        cfg.train.lr = 1.0  # frozen
+
+
+def test_every_field_has_a_docstring():
+    def walk(model: type[BaseModel]):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann)
+
+    walk(ExperimentConfig)
+
+
+def test_errors_name_path_value_and_expectation():
+    with pytest.raises(ConfigError, match=r"'train.lr': Input should be greater than 0 \(got -1\)"):
+        parse_config({"train": {"lr": -1}})
+    with pytest.raises(ConfigError, match=r"unknown key 'credit.lamda'; accepted keys here: \['gamma', 'lam'"):
+        parse_config({"credit": {"lamda": 0.9}})
+    with pytest.raises(ConfigError, match=r"`episodes_per_iteration` \(10\) must be a multiple of `group_size` \(4\)"):
+        parse_config({"train": {"episodes_per_iteration": 10, "group_size": 4}})
+
+
+def test_yaml_roundtrip_and_overrides(tmp_path):
+    cfg = parse_config({"name": "rt", "seed": 3, "credit": {"mode": "plain"}, "env": {"kwargs": {"size": 16}}})
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(cfg))
+    assert load_config(path) == cfg
+    assert load_config(path, {"train.iterations": 7}).train.iterations == 7
+
+
+# ---------------------------------------------------------------- generated invalid configs
+def _fields(model: type[BaseModel]) -> dict:
+    return model.model_fields
+
+
+SECTIONS = {name: f.annotation for name, f in ExperimentConfig.model_fields.items()
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+
+bad_values = {
+    "int": st.one_of(st.text(min_size=1, max_size=5).filter(lambda s: not s.strip().lstrip("-").isdigit()),
+                     st.integers(max_value=-1), st.lists(st.integers(), min_size=1, max_size=2)),
+    "float": st.one_of(st.just("fast"), st.floats(min_value=1.5, max_value=1e6), st.floats(max_value=-1e-3, min_value=-1e6)),
+}
+
+
+@st.composite
+def invalid_configs(draw):
+    """(config mapping, text the error must contain)."""
+    kind = draw(st.sampled_from(["unknown_top", "unknown_nested", "bad_value", "bad_literal", "not_mapping", "groups"]))
+    if kind == "unknown_top":
+        key = draw(st.from_regex(r"[a-z]{3,10}", fullmatch=True).filter(lambda k: k not in ExperimentConfig.model_fields))
+        return {key: 1}, f"unknown key '{key}'"
+    section = draw(st.sampled_from(sorted(SECTIONS)))
+    model = SECTIONS[section]
+    if kind == "unknown_nested":
+        key = draw(st.from_regex(r"[a-z_]{3,12}", fullmatch=True).filter(lambda k: k not in model.model_fields))
+        return {section: {key: draw(st.integers())}}, f"unknown key '{section}.{key}'"
+    if kind == "not_mapping":
+        return {section: draw(st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers(), max_size=2)))}, f"'{section}'"
+    if kind == "groups":
+        g = draw(st.integers(2, 9))
+        return {"train": {"group_size": g, "episodes_per_iteration": g * draw(st.integers(1, 5)) + 1}}, "episodes_per_iteration"
+    numeric = {n: f for n, f in model.model_fields.items() if f.annotation in (int, float) or str(f.annotation) in ("int | None",)}
+    literal = {n: f for n, f in model.model_fields.items() if "Literal" in str(f.annotation)}
+    if kind == "bad_literal" and literal:
+        name = draw(st.sampled_from(sorted(literal)))
+        return {section: {name: draw(st.sampled_from(["nope", "PPO", 3, "gae"]))}}, f"'{section}.{name}'"
+    if not numeric:
+        return {section: {"zz_unknown": 1}}, f"unknown key '{section}.zz_unknown'"
+    name = draw(st.sampled_from(sorted(numeric)))
+    is_int = numeric[name].annotation is not float
+    value = draw(bad_values["int" if is_int else "float"])
+    if not is_int and isinstance(value, float):
+        # floats outside (0, 1] only break fields bounded above by 1 or below by 0
+        meta = str(numeric[name].metadata)
+        if value > 0 and "le=1" not in meta and "lt=1" not in meta:
+            value = -abs(value) - 1
+    return {section: {name: value}}, f"'{section}.{name}'"
+
+
+@pytest.fixture(scope="module")
+def counted():
+    seen = []
+    yield seen
+    assert len(seen) >= 200, f"only {len(seen)} invalid configs were generated"
+
+
+@settings(max_examples=240, deadline=None)
+@given(invalid_configs())
+def test_generated_invalid_configs_exit_2_naming_the_key(tmp_path_factory, counted, case):
+    data, expected = case
+    path = tmp_path_factory.mktemp("cfg") / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["check", str(path)])
+    text = err.getvalue()
+    assert rc == 2, (data, text)
+    assert "Traceback" not in text
+    assert expected in text, (data, text)
+    assert len(text.strip().splitlines()) == 1 or text.count("error:") == 1
+    counted.append(1)
+
+
+def test_train_defaults_are_consistent():
+    t = TrainConfig()
+    assert t.episodes_per_iteration % t.group_size == 0

@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre_ma.options import Option, OptionLibrary, TaskGraph
+
+
+def chain_spec() -> dict:
+    return {
+        "goals": ["d"],
+        "milestones": {
+            "a": {"duration": 2},
+            "b": {"requires": ["a"], "duration": 3},
+            "c": {"requires": ["a"], "duration": 10},
+            "d": {"any_of": [["b", "c"]], "duration": 1},
+        },
+    }
+
+
+def test_frontier_and_or_prerequisites():
+    g = TaskGraph.from_spec(chain_spec())
+    assert g.frontier(set()) == {"a"}
+    assert g.frontier({"a"}) == {"b", "c"}
+    assert g.frontier({"a", "b"}) == {"c", "d"}  # d needs b OR c
+    assert not g.unlocked("d", {"a"})
+
+
+def test_critical_path_takes_cheapest_alternative():
+    g = TaskGraph.from_spec(chain_spec())
+    assert g.critical_path("d") == (6.0, ("a", "b", "d"))
+
+
+def test_required_for_and_topological_orders():
+    g = TaskGraph.from_spec(chain_spec())
+    assert set(g.required_for("b")) == {"a", "b"}
+    orders = list(g.topological_orders())
+    assert all(o[0] == "a" and o[-1] == "d" for o in orders) and len(orders) == 2
+
+
+def test_cycle_is_named():
+    spec = chain_spec()
+    spec["milestones"]["a"]["requires"] = ["d"]
+    with pytest.raises(ValueError, match=r"cycle: .*a"):
+        TaskGraph.from_spec(spec)
+
+
+def test_dangling_prerequisite_and_unknown_goal():
+    spec = chain_spec()
+    spec["milestones"]["b"]["requires"] = ["ghost"]
+    with pytest.raises(ValueError, match="'b' requires 'ghost'"):
+        TaskGraph.from_spec(spec)
+    spec = chain_spec()
+    spec["goals"] = ["nowhere"]
+    with pytest.raises(ValueError, match="goal 'nowhere' is not a milestone"):
+        TaskGraph.from_spec(spec)
+
+
+def test_unknown_attribute_lists_accepted():
+    spec = chain_spec()
+    spec["milestones"]["a"]["weight"] = 3
+    with pytest.raises(ValueError, match=r"milestones.a: unknown key\(s\) \['weight'\]; accepted"):
+        TaskGraph.from_spec(spec)
+
+
+def test_spec_roundtrip():
+    g = TaskGraph.from_spec(chain_spec())
+    assert TaskGraph.from_spec(g.to_spec()) == g
+
+
+def test_dot_and_png(tmp_path):
+    g = TaskGraph.from_spec(chain_spec())
+    dot = g.to_dot({"a"})
+    assert '"a" -> "b";' in dot and 'style=dashed' in dot and '"d" [fillcolor="#d9d9d9", peripheries=2]' in dot
+    g.draw(str(tmp_path / "g.png"), achieved={"a"})
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- properties over random DAGs
+@st.composite
+def random_dags(draw):
+    """A random DAG spec: node i may require nodes < i, in AND edges and OR groups."""
+    n = draw(st.integers(2, 12))
+    names = [f"m{i}" for i in range(n)]
+    milestones = {}
+    for i, name in enumerate(names):
+        earlier = names[:i]
+        requires = draw(st.lists(st.sampled_from(earlier), unique=True, max_size=3)) if earlier else []
+        groups = []
+        if len(earlier) >= 2 and draw(st.booleans()):
+            groups = [draw(st.lists(st.sampled_from(earlier), unique=True, min_size=2, max_size=3))]
+        milestones[name] = {"requires": requires, "any_of": groups, "duration": draw(st.integers(1, 9))}
+    return {"goals": [names[-1]], "milestones": milestones}
+
+
+def _policy(ctx):
+    return 0
+
+
+def _library(g: TaskGraph) -> OptionLibrary:
+    return OptionLibrary("prop", g, [Option(name=f"do_{m}", policy=_policy, milestone=m) for m in g.names])
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_dags(), st.data())
+def test_mask_never_enables_unmet_prerequisites(spec, data):
+    g = TaskGraph.from_spec(spec)
+    lib = _library(g)
+    achieved = frozenset(data.draw(st.sets(st.sampled_from(list(g.names)))))
+    mask = g.mask(lib, achieved)
+    for opt, enabled in zip(lib, mask, strict=True):
+        m = g.milestone(opt.milestone)
+        met = all(r in achieved for r in m.requires) and all(any(r in achieved for r in grp) for grp in m.any_of)
+        if enabled:
+            assert met and opt.milestone not in achieved
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_dags(), st.randoms(use_true_random=False))
+def test_any_sequence_of_frontier_choices_reaches_goal(spec, rnd):
+    g = TaskGraph.from_spec(spec)
+    achieved: set[str] = set()
+    for _ in range(len(g)):
+        front = sorted(g.frontier(achieved))
+        if not front:
+            break
+        achieved.add(rnd.choice(front))
+    assert set(g.goals) <= achieved
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_dags(), st.data())
+def test_graph_with_a_cycle_is_rejected_naming_a_node_on_it(spec, data):
+    names = list(spec["milestones"])
+    i = data.draw(st.integers(0, len(names) - 2))
+    j = data.draw(st.integers(i + 1, len(names) - 1))
+    # force a path names[i] -> names[j] and a back edge names[j] -> names[i]
+    spec["milestones"][names[j]]["requires"] = sorted({*spec["milestones"][names[j]]["requires"], names[i]})
+    spec["milestones"][names[i]]["requires"] = sorted({*spec["milestones"][names[i]]["requires"], names[j]})
+    with pytest.raises(ValueError, match="cycle") as info:
+        TaskGraph.from_spec(spec)
+    raw = nx.DiGraph()
+    for v, attrs in spec["milestones"].items():
+        raw.add_node(v)
+        for u in attrs["requires"] + [u for grp in attrs["any_of"] for u in grp]:
+            raw.add_edge(u, v)
+    on_cycles = {n for comp in nx.strongly_connected_components(raw) if len(comp) > 1 for n in comp}
+    named = str(info.value).split("cycle: ")[1].split(" -> ")
+    assert set(named) <= on_cycles and named
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_dags())
+def test_spec_roundtrip_property(spec):
+    g = TaskGraph.from_spec(spec)
+    assert TaskGraph.from_spec(g.to_spec()) == g

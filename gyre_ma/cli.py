@@ -83,7 +83,102 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"check": cmd_check, "graph": cmd_graph}
+def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise UsageError(f"--set: expected KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from gyre_ma.checkpoints import save_checkpoint
+    from gyre_ma.config import dump_config
+    from gyre_ma.loop import Gyre
+    from gyre_ma.monitor import Monitor
+
+    overrides = _overrides(args.set)
+    if args.iterations is not None:
+        overrides["train.iterations"] = args.iterations
+    if args.run_root is not None:
+        overrides["run_root"] = args.run_root
+    config = load_config(args.config, overrides)
+    gyre = Gyre(config)
+    run_dir = config.run_dir
+    monitor = Monitor(run_dir)
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    metrics: dict[str, float] = {}
+    columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
+               TextColumn("{task.fields[steps]} env steps · success {task.fields[success]}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=args.quiet) as progress:
+        task = progress.add_task("train", total=config.train.iterations, steps=0, success="—")
+        for i in range(config.train.iterations):
+            metrics = gyre.iteration(i)
+            monitor.log(metrics, step=i)
+            progress.update(task, advance=1, steps=int(metrics["env_steps"]),
+                            success=f"{metrics['success_rate']:.0%}")
+    monitor.close()
+    checkpoint = save_checkpoint(run_dir / "checkpoints" / "final.pt", gyre.state_dict())
+    table = Table(title=f"run {config.name!r} — summary")
+    table.add_column("metric")
+    table.add_column("final iteration", justify="right")
+    for key in ("success_rate", "episode_length", "episode_reward", "option_calls", "env_steps",
+                "policy_version", "entropy", "kl"):
+        if key in metrics:
+            table.add_row(key, f"{metrics[key]:.4g}")
+    console.print(table)
+    console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
+    (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from gyre_ma.checkpoints import load_checkpoint
+    from gyre_ma.config import parse_config
+    from gyre_ma.loop import Gyre, episode_metrics
+    from gyre_ma.rollout import run_episode
+
+    if args.episodes < 1:
+        raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    state = load_checkpoint(args.checkpoint)
+    config = parse_config(state["config"], source=f"{args.checkpoint} (config)")
+    gyre = Gyre(config)
+    gyre.load_state_dict(state)
+    manager = gyre.manager
+    if hasattr(manager, "greedy"):
+        manager.greedy = args.greedy
+    trajectories = [
+        run_episode(gyre.env, gyre.library, manager, seed=args.seed + i, gamma=config.credit.gamma,
+                    policy_version=gyre.version, max_steps=config.train.max_steps)
+        for i in range(args.episodes)
+    ]
+    metrics = episode_metrics(trajectories, gyre.library.graph.names)
+    table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("verified completion", f"{metrics['success_rate']:.1%}")
+    table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}")
+    table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
+    for m in gyre.library.graph.names:
+        table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
+    console.print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(metrics, indent=2))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "check": cmd_check, "graph": cmd_graph, "train": cmd_train, "eval": cmd_eval,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="graph.png", help="output .png or .dot")
     p.add_argument("--dot", help="also write DOT text here")
     p.add_argument("--achieved", help="comma-separated milestones to colour as achieved")
+    p = sub.add_parser("train", help="train a manager from a config")
+    p.add_argument("config", help="experiment config YAML")
+    p.add_argument("--iterations", type=int, help="override train.iterations")
+    p.add_argument("--run-root", help="override run_root (folder of run directories)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
+    p.add_argument("checkpoint", help="a checkpoint written by gyre-ma train")
+    p.add_argument("--episodes", type=int, default=20, help="episodes to run")
+    p.add_argument("--seed", type=int, default=1_000_000, help="first task seed (training uses others)")
+    p.add_argument("--greedy", action="store_true", help="take the most likely option")
+    p.add_argument("--json", help="also write the metrics as JSON here")
     return parser
 
 

@@ -93,6 +93,8 @@ class Trajectory:
     success: bool = False
     """Every goal verified on environment state at the end."""
     total_reward: float = 0.0
+    final: dict[str, tuple[Any, frozenset[str]]] = field(default_factory=dict)
+    """Each agent's last observation and the verified milestones then (for bootstrapping)."""
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]
@@ -205,6 +207,9 @@ def run_episode(
             run.call.milestones = tuple(
                 m for m, s in traj.milestone_steps.items() if s > run.call.start_step
             )
+    for a in env.possible_agents:
+        if a in observations:
+            traj.final[a] = (observations[a], verified)
     traj.length = step
     traj.success = goals <= verified
     return traj

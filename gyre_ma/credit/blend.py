@@ -62,10 +62,13 @@ def blend_advantages(
     if not isinstance(local, Tensor):
         raise TypeError(f"local must be a torch.Tensor, got {type(local).__name__}")
     if local.ndim not in (1, 2) or not local.is_floating_point():
-        raise ValueError(f"local must be a floating [T] or [B, T] tensor, got {tuple(local.shape)} {local.dtype}")
-    if not isinstance(outcome_advantages, Tensor) or outcome_advantages.ndim != 1:
-        got = tuple(outcome_advantages.shape) if isinstance(outcome_advantages, Tensor) else type(outcome_advantages).__name__
-        raise ValueError(f"outcome_advantages must have shape [E], one per episode, got {got}")
+        raise ValueError(f"local must be a floating [T] or [B, T] tensor, "
+                         f"got shape {tuple(local.shape)} dtype {local.dtype}")
+    if not isinstance(outcome_advantages, Tensor):
+        raise TypeError(f"outcome_advantages must be a torch.Tensor, got {type(outcome_advantages).__name__}")
+    if outcome_advantages.ndim != 1:
+        raise ValueError(f"outcome_advantages must have shape [E], one per episode, "
+                         f"got {tuple(outcome_advantages.shape)}")
     _check_shape("weights", weights, outcome_advantages.shape, ref="outcome_advantages")
     lead, episodes = local.shape[:-1], outcome_advantages.shape[0]
     if episode_index is None:

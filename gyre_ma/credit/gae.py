@@ -74,30 +74,30 @@ def _prepare(
         raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
     if rewards.ndim not in (1, 2):
         raise ValueError(f"rewards must have shape [T] or [B, T], got {tuple(rewards.shape)}")
-    shape = rewards.shape
-    given = {"values": values, "next_values": next_values, "durations": durations,
-             "terminated": terminated, "truncated": truncated, "mask": mask}
-    for name, x in given.items():
+    shape, dtype = rewards.shape, rewards.dtype
+    for name, x in (("values", values), ("next_values", next_values), ("durations", durations),
+                    ("terminated", terminated), ("truncated", truncated), ("mask", mask)):
         if x is not None:
             _check_shape(name, x, shape)
-    for name in ("terminated", "truncated", "mask"):
-        if given[name] is not None:
-            _check_bool(name, given[name])
-    dtype = rewards.dtype
-    for name in ("rewards", "values", "next_values"):
-        x = rewards if name == "rewards" else given[name]
-        if x is not None:
-            if not x.is_floating_point():
-                raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
-            dtype = torch.promote_types(dtype, x.dtype)
+        if x is not None and name in ("terminated", "truncated", "mask"):
+            _check_bool(name, x)
+    for name, x in (("rewards", rewards), ("values", values), ("next_values", next_values)):
+        if x is not None and not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+        dtype = dtype if x is None else torch.promote_types(dtype, x.dtype)
     if durations.is_floating_point() or durations.dtype == torch.bool:
-        raise ValueError(f"durations must be an integer tensor (primitive steps), got dtype {durations.dtype}")
+        raise ValueError(f"durations must be an integer tensor (primitive steps), "
+                         f"got dtype {durations.dtype}")
     _check_unit("gamma", gamma)
     if next_values is not None and bootstrap_value is not None:
-        raise ValueError("pass either next_values or bootstrap_value, not both")
+        raise ValueError("got both next_values and bootstrap_value; pass one "
+                         "(next_values[..., -1] already is the value after the last call)")
 
     squeeze = rewards.ndim == 1
-    batch = (lambda x: x.unsqueeze(0)) if squeeze else (lambda x: x)
+
+    def batch(x: Tensor) -> Tensor:
+        return x.unsqueeze(0) if squeeze else x
+
     r, dur, term, trunc = batch(rewards), batch(durations), batch(terminated), batch(truncated)
     B, T = r.shape
     valid = torch.ones_like(term) if mask is None else batch(mask)
@@ -105,8 +105,8 @@ def _prepare(
     if reopened.any():
         raise ValueError("mask must be right-padded (True for real entries, then False only); "
                          f"a True follows a False at {_where(reopened, squeeze)}")
-    if (valid & (dur < 1)).any():
-        bad = valid & (dur < 1)
+    bad = valid & (dur < 1)
+    if bad.any():
         raise ValueError(f"durations must be >= 1, got {dur[bad][0].item()} at {_where(bad, squeeze)}")
     next_valid = torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], dim=1)
     term, trunc = term & valid, trunc & valid
@@ -156,7 +156,9 @@ def _backward(x: Tensor, carry: Tensor) -> Tensor:
     return out
 
 
-def _smdp_gae(*, cut: Tensor | None = None, lam: float, values: Tensor, **inputs: Any) -> tuple[Tensor, Tensor]:
+def _smdp_gae(
+    *, cut: Tensor | None = None, lam: float, values: Tensor, **inputs: Any
+) -> tuple[Tensor, Tensor]:
     """GAE whose recursion is also cut after every entry where ``cut`` (bool, validated) is true."""
     _check_unit("lam", lam)
     p = _prepare(values=values, **inputs)

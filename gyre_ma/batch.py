@@ -1,0 +1,39 @@
+"""The one vocabulary of batch keys, and tensors built from option calls."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import torch
+
+FEATURES: Final = "features"
+"""float [N, F] — manager input (observation, milestone bits, last option, time)."""
+STATE: Final = "state"
+"""float [N, S] — global state at the decision (centralised critic)."""
+AGENT: Final = "agent"
+"""long [N] — agent index (for the agent-id embedding)."""
+MASK: Final = "mask"
+"""bool [N, K] — eligible options."""
+OPTION: Final = "option"
+"""long [N] — chosen option."""
+LOG_PROB: Final = "log_prob"
+"""float [N] — behaviour policy's log-probability of the chosen option."""
+VALUE: Final = "value"
+"""float [N] — critic value at the decision, at rollout time."""
+ADVANTAGE: Final = "advantage"
+"""float [N] — credit assigned to the decision."""
+RETURN: Final = "return"
+"""float [N] — regression target of the critic."""
+
+Batch = dict[str, torch.Tensor]
+
+
+def batch_size(batch: Batch) -> int:
+    return int(batch[OPTION].shape[0])
+
+
+def minibatches(batch: Batch, size: int, generator: torch.Generator) -> list[Batch]:
+    """Shuffled minibatches by index slicing — no per-sample collation."""
+    n = batch_size(batch)
+    order = torch.randperm(n, generator=generator)
+    return [{k: v[idx] for k, v in batch.items()} for idx in order.split(size)]

@@ -34,9 +34,10 @@ class GyreEnv(Protocol):
 
 
 def unwrap(env: Any) -> Any:
-    """The innermost environment under PettingZoo/Gymnasium wrappers."""
-    seen = 0
-    while hasattr(env, "env") and seen < 64:
+    """The gyre environment under PettingZoo/Gymnasium wrappers: the outermost layer that
+    verifies milestones, else the innermost one."""
+    for _ in range(64):
+        if hasattr(env, "verified_milestones") or not hasattr(env, "env"):
+            return env
         env = env.env
-        seen += 1
-    return getattr(env, "unwrapped", env) if not hasattr(env, "verified_milestones") else env
+    return env

@@ -35,8 +35,9 @@ class ManagerConfig(_Section):
     """Number of hidden layers."""
     agent_embedding: int = Field(8, ge=1, le=256)
     """Size of the agent-id embedding shared parameters use to tell agents apart."""
-    kind: Literal["learned", "random", "oracle"] = "learned"
-    """``learned`` trains the policy; ``random`` and ``oracle`` are the fixed baselines."""
+    kind: Literal["learned", "flat", "random", "oracle"] = "learned"
+    """``learned`` trains the manager over options; ``flat`` trains the same policy over
+    primitive actions (the flat-PPO baseline); ``random`` and ``oracle`` do not learn."""
 
 
 class CreditConfig(_Section):

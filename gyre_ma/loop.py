@@ -11,6 +11,7 @@ import torch
 
 from gyre_ma import batch as B
 from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.agents.flat import primitive_library
 from gyre_ma.agents.manager import Critic, Featurizer, LearnedManager, ManagerPolicy
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.credit import group_outcome_advantages, option_advantages, smdp_returns
@@ -46,15 +47,18 @@ class Gyre:
         self.config = config
         torch.manual_seed(config.seed)
         self.env = make_env(config.env.id, **config.env.kwargs)
-        self.library = make_library(config.env.id, self.env, config.library)
         agents = self.env.possible_agents
+        if config.manager.kind == "flat":
+            self.library = primitive_library(self.env.task_graph(), self.env.action_space(agents[0]))
+        else:
+            self.library = make_library(config.env.id, self.env, config.library)
         self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library)
         m = config.manager
         self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents),
                                     hidden=m.hidden, layers=m.layers, agent_embedding=m.agent_embedding)
         self.critic = Critic(self.featurizer.dim, len(agents), hidden=m.hidden, layers=m.layers,
                              agent_embedding=m.agent_embedding)
-        if m.kind == "learned":
+        if m.kind in ("learned", "flat"):
             self.manager: Any = LearnedManager(self.policy, self.critic, self.featurizer, seed=config.seed)
         elif m.kind == "random":
             self.manager = RandomManager(seed=config.seed)
@@ -69,6 +73,10 @@ class Gyre:
         self.version = 0
         self.env_steps = 0
         self.critic_initialised = False
+
+    @property
+    def learns(self) -> bool:
+        return self.config.manager.kind in ("learned", "flat")
 
     # ---------------------------------------------------------------- A: rollout
     def rollout(self, iteration: int) -> list[Trajectory]:
@@ -201,7 +209,7 @@ class Gyre:
         trajectories = self.rollout(i)
         rollout_s = time.perf_counter() - start
         metrics: dict[str, float] = {"iteration": float(i)}
-        if self.config.manager.kind == "learned":
+        if self.learns:
             seg = self.segment(trajectories)
             batch = self.score(trajectories, seg)
             metrics |= self.update(batch, trajectories, seg)

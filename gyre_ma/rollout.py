@@ -20,7 +20,8 @@ from gyre_ma.options.option import OptionContext, Termination
 
 @dataclass(frozen=True)
 class Decision:
-    """One agent needing a new option. ``env`` is the unwrapped env (planners use it)."""
+    """One agent needing a new option. ``env`` is the env being stepped (planners read it;
+    adapters expose the wrapped env's internals as ``env.unwrapped``)."""
 
     agent: str
     agent_index: int
@@ -120,7 +121,8 @@ def run_episode(
     """Roll one episode out, option by option, and return its whole trajectory.
 
     ``max_steps`` is the primitive step cap (defaults to the env's own ``max_cycles``);
-    reaching it truncates every running option.
+    reaching it truncates every running option. Once every goal is verified the task is
+    done: the episode ends there, as a termination.
     """
     observations, _ = env.reset(seed=seed)
     cap = max_steps if max_steps is not None else int(getattr(env, "max_cycles", 10_000))
@@ -135,7 +137,7 @@ def run_episode(
     for m in verified:
         traj.milestone_steps.setdefault(m, 0)
     step = 0
-    while env.agents and step < cap:
+    while env.agents and step < cap and not goals <= verified:
         needing = [a for a in env.agents if running.get(a) is None]
         if needing:
             decisions = []
@@ -189,7 +191,7 @@ def run_episode(
             ctx.achieved = verified
             if a in observations:
                 ctx.observation = observations[a]
-            call.terminated = bool(terms.get(a, False))
+            call.terminated = bool(terms.get(a, False)) or goals <= verified
             call.truncated = bool(truncs.get(a, False)) or (step >= cap and not call.terminated)
             reason = library[call.option].termination(ctx, verified)
             if call.terminated or call.truncated:

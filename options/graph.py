@@ -271,7 +271,7 @@ class TaskGraph:
 
         done = frozenset(achieved)
         front = self.frontier(done)
-        g = self.graph
+        g = self.graph.copy()
         for layer, nodes in enumerate(nx.topological_generations(g)):
             for n in nodes:
                 g.nodes[n]["layer"] = layer

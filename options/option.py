@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 class OptionContext:
     """What a sub-policy sees at each primitive step of one option call.
 
-    ``env`` is the unwrapped environment (scripted options may read its state, as a
-    controller would); neural and LLM options use ``observation``. ``memory`` is scratch
+    ``env`` is the environment being stepped (scripted options may read its state, as a
+    controller would; an adapter exposes the wrapped env as ``env.unwrapped``); neural
+    and LLM options use ``observation``. ``memory`` is scratch
     space that lives for the option call (cached paths, retry counters).
     """
 

@@ -1,0 +1,443 @@
+"""Adapters: outside PettingZoo and Gymnasium environments as gyre environments.
+
+An environment gyre-ma did not write knows nothing of milestones. The user supplies them:
+one detector per task-graph node, a predicate over the *unwrapped* environment (the
+innermost env, whose attributes a scripted controller would read). :class:`GyreAdapter`
+runs every detector after each ``reset`` and ``step`` and keeps what fired, so that
+``verified_milestones()`` is monotone within an episode and never depends on an agent's
+own claim.
+
+>>> env = from_gymnasium(
+...     "MiniGrid-DoorKey-5x5-v0",
+...     milestones={"has_key": has_key, "door_open": door_open, "reached_goal": at_goal},
+...     graph={"goals": ["reached_goal"], "milestones": {
+...         "has_key": {}, "door_open": {"requires": ["has_key"]},
+...         "reached_goal": {"requires": ["door_open"]}}},
+... )
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils.conversions import aec_to_parallel, turn_based_aec_to_parallel
+
+from gyre_ma.envs.testing import describe
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.options.library import reference, resolve
+
+Detector = Callable[[Any], bool]
+"""A milestone predicate over the unwrapped environment."""
+
+DEFAULT_MAX_CYCLES = 1000
+"""Step cap when neither the caller nor the wrapped env names one."""
+
+
+class GyreAdapter(ParallelEnv):
+    """A PettingZoo ``ParallelEnv`` plus milestones verified by user detectors.
+
+    Rewards, observations and infos pass through unchanged; ``terminated`` and
+    ``truncated`` stay apart; reaching ``max_cycles`` steps truncates every live agent.
+    ``unwrapped`` is the innermost environment (as for a Gymnasium wrapper): it is what
+    the detectors, the graph's ``verifier`` references and scripted options read.
+    """
+
+    def __init__(
+        self,
+        env: ParallelEnv,
+        *,
+        milestones: Mapping[str, Detector | str] | None,
+        graph: TaskGraph | Mapping[str, Any],
+        max_cycles: int | None = None,
+        check_observations: bool = True,
+    ) -> None:
+        if not isinstance(env, ParallelEnv):
+            raise TypeError(f"GyreAdapter: expected a pettingzoo ParallelEnv, got {type(env).__name__}")
+        self._env = env
+        raw = env.unwrapped
+        self.metadata = dict(getattr(env, "metadata", None) or {})
+        self.metadata["name"] = f"gyre_{self.metadata.get('name') or type(raw).__name__}"
+        self.metadata["is_parallelizable"] = True
+        self._graph, self._detectors = _bind_milestones(graph, milestones, self.metadata["name"])
+        self.max_cycles = _max_cycles(max_cycles, env, raw)
+        self.check_observations = check_observations
+        self.possible_agents = list(env.possible_agents)
+        self.agents: list[str] = []
+        self._obs_spaces = {a: env.observation_space(a) for a in self.possible_agents}
+        self._act_spaces = {a: env.action_space(a) for a in self.possible_agents}
+        self._achieved: set[str] = set()
+        self._steps = 0
+        self._last_obs: dict[str, Any] = {}
+        self._delegate_state = _has_own_state(raw)
+        if self._delegate_state and hasattr(env, "state_space"):
+            self.state_space = env.state_space
+        elif not self._delegate_state:
+            self._layout = {a: _flat_leaves(s) for a, s in self._obs_spaces.items()}
+            self.state_space = _concat_boxes(
+                [spaces.flatten_space(leaf) for a in self.possible_agents for _, leaf in self._layout[a]]
+            )
+
+    # ------------------------------------------------------------------ gyre API
+    def task_graph(self) -> TaskGraph:
+        return self._graph
+
+    def verified_milestones(self) -> frozenset[str]:
+        return frozenset(self._achieved)
+
+    # ------------------------------------------------------------------ ParallelEnv API
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        observations, infos = self._env.reset(seed=seed, options=options)
+        self._steps = 0
+        self._achieved = set()
+        self.agents = list(self._env.agents)
+        self._last_obs = {}
+        self._observe(observations, "reset")
+        self._detect("reset")
+        return observations, infos
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        if not self.agents:
+            raise ValueError(f"{self.metadata['name']}: step() called with no live agent; call reset() first")
+        unknown = sorted(set(actions) - set(self.possible_agents))
+        missing = [a for a in self.agents if a not in actions]
+        if unknown or missing:
+            raise ValueError(
+                f"{self.metadata['name']}: step() needs one action per live agent {self.agents}; "
+                + (f"missing {missing}" if missing else f"unknown agent(s) {unknown}")
+            )
+        live = list(self.agents)
+        observations, rewards, terminations, truncations, infos = self._env.step(
+            {a: actions[a] for a in live}
+        )
+        self._steps += 1
+        terminations = {a: bool(v) for a, v in terminations.items()}
+        truncations = {a: bool(v) for a, v in truncations.items()}
+        if self._steps >= self.max_cycles:
+            for a in live:
+                if not terminations.get(a, False):
+                    truncations[a] = True
+            self.agents = []
+        else:
+            done = {a for a in live if terminations.get(a, False) or truncations.get(a, False)}
+            self.agents = [a for a in self._env.agents if a not in done]
+        where = f"step {self._steps}"
+        self._observe(observations, where)
+        self._detect(where)
+        return observations, rewards, terminations, truncations, infos
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self._space(self._obs_spaces, agent, "observation_space")
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self._space(self._act_spaces, agent, "action_space")
+
+    def state(self) -> np.ndarray:
+        """The wrapped env's own ``state()`` if it has one; else every agent's last
+        observation, flattened and concatenated in ``possible_agents`` order (zeros for an
+        agent not yet observed; parts Gymnasium cannot flatten, such as text, left out)."""
+        if self._delegate_state:
+            return self._env.state()
+        parts = []
+        for a in self.possible_agents:
+            obs = self._last_obs.get(a)
+            for path, leaf in self._layout[a]:
+                if obs is None:
+                    parts.append(np.zeros(spaces.flatdim(leaf), dtype=np.float32))
+                else:
+                    parts.append(np.asarray(spaces.flatten(leaf, _at(obs, path)), dtype=np.float32))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+    def render(self) -> Any:
+        return self._env.render()
+
+    def close(self) -> None:
+        self._env.close()
+
+    @property
+    def render_mode(self) -> str | None:
+        return getattr(self._env, "render_mode", None)
+
+    @property
+    def unwrapped(self) -> Any:
+        return self._env.unwrapped
+
+    def __str__(self) -> str:
+        return self.metadata["name"]
+
+    # ------------------------------------------------------------------ internals
+    def _space(self, table: dict[str, spaces.Space], agent: str, what: str) -> spaces.Space:
+        if agent not in table:
+            raise ValueError(
+                f"{self.metadata['name']}: {what}({agent!r}): unknown agent; possible agents: "
+                f"{self.possible_agents}"
+            )
+        return table[agent]
+
+    def _observe(self, observations: Mapping[str, Any], where: str) -> None:
+        if not isinstance(observations, Mapping):
+            raise ValueError(
+                f"{self.metadata['name']}: {where}: the wrapped env returned observations of type "
+                f"{type(observations).__name__}; expected a dict agent -> observation"
+            )
+        for agent, obs in observations.items():
+            space = self._obs_spaces.get(agent)
+            if space is None:
+                continue
+            if self.check_observations and not space.contains(obs):
+                raise ValueError(
+                    f"{self.metadata['name']}: {where}: observation for agent {agent!r} is outside "
+                    f"observation_space({agent!r}) = {space}; got {describe(obs)}"
+                )
+            self._last_obs[agent] = obs
+
+    def _detect(self, where: str) -> None:
+        raw = self._env.unwrapped
+        for name, detector in self._detectors.items():
+            if name in self._achieved:
+                continue
+            try:
+                fired = detector(raw)
+            except Exception as exc:
+                raise ValueError(
+                    f"{self.metadata['name']}: {where}: detector for milestone {name!r} raised "
+                    f"{type(exc).__name__}: {exc}; a detector must return a bool read from the "
+                    f"unwrapped env ({type(raw).__name__})"
+                ) from exc
+            if not isinstance(fired, (bool, np.bool_)):
+                raise ValueError(
+                    f"{self.metadata['name']}: {where}: detector for milestone {name!r} returned "
+                    f"{fired!r} ({type(fired).__name__}); expected a bool"
+                )
+            if fired:
+                self._achieved.add(name)
+
+
+class _SingleAgentParallel(ParallelEnv):
+    """A Gymnasium env as a one-agent ParallelEnv; the episode ends when it does."""
+
+    def __init__(self, env: gymnasium.Env, agent: str) -> None:
+        self._gym = env
+        self._agent = agent
+        self.possible_agents = [agent]
+        self.agents: list[str] = []
+        self.metadata = dict(getattr(env, "metadata", None) or {})
+        spec = getattr(env, "spec", None)
+        self.metadata["name"] = spec.id if spec is not None else type(env.unwrapped).__name__
+        self.spec = spec
+        self.render_mode = getattr(env, "render_mode", None)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        obs, info = self._gym.reset(seed=seed, options=options)
+        self.agents = [self._agent]
+        return {self._agent: obs}, {self._agent: info}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        a = self._agent
+        obs, reward, terminated, truncated, info = self._gym.step(actions[a])
+        if terminated or truncated:
+            self.agents = []
+        return {a: obs}, {a: reward}, {a: terminated}, {a: truncated}, {a: info}
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self._gym.observation_space
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self._gym.action_space
+
+    def render(self) -> Any:
+        return self._gym.render()
+
+    def close(self) -> None:
+        self._gym.close()
+
+    @property
+    def unwrapped(self) -> Any:
+        return self._gym.unwrapped
+
+
+def from_gymnasium(
+    env_or_id: gymnasium.Env | str,
+    *,
+    milestones: Mapping[str, Detector | str] | None,
+    graph: TaskGraph | Mapping[str, Any],
+    max_cycles: int | None = None,
+    agent: str = "agent_0",
+    check_observations: bool = True,
+    **make_kwargs: Any,
+) -> GyreAdapter:
+    """A Gymnasium env (or registered id, built with ``gymnasium.make(id, **make_kwargs)``)
+    as a one-agent gyre environment whose agent is named ``agent``."""
+    if isinstance(env_or_id, str):
+        env = gymnasium.make(env_or_id, **make_kwargs)
+    elif make_kwargs:
+        raise TypeError(
+            f"from_gymnasium: keyword(s) {sorted(make_kwargs)} are gymnasium.make arguments; "
+            "pass an env id instead of an env instance to use them"
+        )
+    elif isinstance(env_or_id, gymnasium.Env):
+        env = env_or_id
+    else:
+        raise TypeError(
+            f"from_gymnasium: expected a gymnasium.Env or a registered env id, got {type(env_or_id).__name__}"
+        )
+    return GyreAdapter(
+        _SingleAgentParallel(env, agent), milestones=milestones, graph=graph,
+        max_cycles=max_cycles, check_observations=check_observations,
+    )
+
+
+def from_pettingzoo(
+    env: ParallelEnv | AECEnv,
+    *,
+    milestones: Mapping[str, Detector | str] | None,
+    graph: TaskGraph | Mapping[str, Any],
+    max_cycles: int | None = None,
+    turn_based: bool = False,
+    check_observations: bool = True,
+) -> GyreAdapter:
+    """A PettingZoo env as a gyre environment. An AEC env is converted with
+    ``aec_to_parallel`` (it must declare ``is_parallelizable``), or with
+    ``turn_based_aec_to_parallel`` when ``turn_based`` (one agent moves per step)."""
+    if isinstance(env, AECEnv):
+        if turn_based:
+            env = turn_based_aec_to_parallel(env)
+        elif not env.metadata.get("is_parallelizable", False):
+            raise ValueError(
+                f"from_pettingzoo: AEC env {env.metadata.get('name', type(env).__name__)!r} does not "
+                "declare metadata['is_parallelizable'] = True, so it cannot be stepped as a parallel "
+                "env; pass turn_based=True if one agent moves at a time"
+            )
+        else:
+            env = aec_to_parallel(env)
+    elif not isinstance(env, ParallelEnv):
+        raise TypeError(
+            f"from_pettingzoo: expected a pettingzoo ParallelEnv or AECEnv, got {type(env).__name__}"
+        )
+    return GyreAdapter(
+        env, milestones=milestones, graph=graph, max_cycles=max_cycles,
+        check_observations=check_observations,
+    )
+
+
+# ---------------------------------------------------------------------- helpers
+def _bind_milestones(
+    graph: TaskGraph | Mapping[str, Any],
+    milestones: Mapping[str, Detector | str] | None,
+    where: str,
+) -> tuple[TaskGraph, dict[str, Detector]]:
+    """Pair every graph node with one detector; fill the graph's ``verifier`` references
+    from importable detectors so that ``check_env`` can re-verify them."""
+    if isinstance(graph, Mapping):
+        graph = TaskGraph.from_spec(graph)
+    elif not isinstance(graph, TaskGraph):
+        raise TypeError(f"{where}: graph must be a TaskGraph or a spec mapping, got {type(graph).__name__}")
+    nodes = list(graph.names)
+    if milestones is None:
+        milestones = {}
+        for m in graph.milestones:
+            if m.verifier is None:
+                raise ValueError(
+                    f"{where}: milestone {m.name!r} has no detector: milestones=None takes them "
+                    "from the graph's 'verifier' references, and this node has none"
+                )
+            milestones[m.name] = m.verifier
+    if not isinstance(milestones, Mapping):
+        raise TypeError(f"{where}: milestones must map milestone name -> detector, got {type(milestones).__name__}")
+    extra = [n for n in milestones if n not in graph]
+    if extra:
+        raise ValueError(
+            f"{where}: detector(s) for {extra} name no task-graph node; graph nodes: {nodes}"
+        )
+    missing = [n for n in nodes if n not in milestones]
+    if missing:
+        raise ValueError(
+            f"{where}: task-graph node(s) {missing} have no detector; give one callable per node "
+            f"(expected keys: {nodes})"
+        )
+    detectors: dict[str, Detector] = {}
+    updated = []
+    for m in graph.milestones:
+        fn = milestones[m.name]
+        if isinstance(fn, str):
+            fn = resolve(fn, f"{where}: milestones.{m.name}")
+        if not callable(fn):
+            raise TypeError(
+                f"{where}: detector for milestone {m.name!r} must be callable (env -> bool), "
+                f"got {type(fn).__name__}"
+            )
+        detectors[m.name] = fn
+        try:
+            ref = reference(fn)
+        except ValueError:
+            ref = None
+        if m.verifier is None and ref is not None:
+            m = dataclasses.replace(m, verifier=ref)
+        elif m.verifier is not None and resolve(m.verifier, f"{where}: graph milestone {m.name!r}") is not fn:
+            raise ValueError(
+                f"{where}: milestone {m.name!r}: the graph's verifier {m.verifier!r} and the "
+                f"detector given ({ref or fn!r}) differ; give one source of truth"
+            )
+        updated.append(m)
+    if tuple(updated) != graph.milestones:
+        graph = TaskGraph(milestones=tuple(updated), goals=graph.goals)
+    return graph, detectors
+
+
+def _max_cycles(explicit: int | None, env: Any, raw: Any) -> int:
+    candidates = [
+        ("max_cycles", explicit),
+        ("env.max_cycles", getattr(raw, "max_cycles", None)),
+        ("spec.max_episode_steps", getattr(getattr(env, "spec", None), "max_episode_steps", None)),
+        ("env.max_steps", getattr(raw, "max_steps", None)),
+    ]
+    for what, value in candidates:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            if what == "max_cycles":
+                raise ValueError(f"max_cycles must be an int >= 1, got {value!r}")
+            continue
+        return int(value)
+    return DEFAULT_MAX_CYCLES
+
+
+def _has_own_state(raw: Any) -> bool:
+    """Whether the innermost env implements ``state()`` itself (PettingZoo's base classes
+    only raise NotImplementedError; some envs keep a non-callable ``state`` attribute)."""
+    if not callable(getattr(raw, "state", None)):
+        return False
+    impl = getattr(type(raw), "state", None)
+    return impl is not None and impl not in (AECEnv.state, ParallelEnv.state)
+
+
+def _flat_leaves(space: spaces.Space, path: tuple = ()) -> list[tuple[tuple, spaces.Space]]:
+    """The (path, leaf) pairs of a nested space that Gymnasium can flatten."""
+    if isinstance(space, spaces.Dict):
+        return [leaf for k, sub in space.spaces.items() for leaf in _flat_leaves(sub, path + (k,))]
+    if isinstance(space, spaces.Tuple):
+        return [leaf for i, sub in enumerate(space.spaces) for leaf in _flat_leaves(sub, path + (i,))]
+    try:
+        spaces.flatten_space(space)
+    except NotImplementedError:
+        return []
+    return [(path, space)]
+
+
+def _at(obs: Any, path: tuple) -> Any:
+    for key in path:
+        obs = obs[key]
+    return obs
+
+
+def _concat_boxes(boxes: list[spaces.Box]) -> spaces.Box:
+    if not boxes:
+        return spaces.Box(0.0, 0.0, shape=(0,), dtype=np.float32)
+    low = np.concatenate([np.asarray(b.low, dtype=np.float32).ravel() for b in boxes])
+    high = np.concatenate([np.asarray(b.high, dtype=np.float32).ravel() for b in boxes])
+    return spaces.Box(low, high, dtype=np.float32)

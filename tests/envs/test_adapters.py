@@ -1,0 +1,286 @@
+"""Adapters on environments gyre-ma did not write: MiniGrid, CartPole, PettingZoo RPS."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium import spaces
+from minigrid.core.actions import Actions
+from minigrid.core.world_object import Door
+from pettingzoo.classic import rps_v2, tictactoe_v3
+
+from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium, from_pettingzoo
+from gyre_ma.envs.base import GyreEnv, unwrap
+from gyre_ma.envs.minigrid_doorkey import has_key, make_env, make_library
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.option import Option, OptionContext
+from gyre_ma.rollout import Choice, Decision, run_episode
+
+CHAIN = ("has_key", "door_open", "reached_goal")
+
+
+class FirstEligible:
+    """Always the first eligible option: the library's own order, a competent plan."""
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        return [Choice(int(np.flatnonzero(d.mask)[0])) for d in decisions]
+
+
+# ---------------------------------------------------------------------- MiniGrid
+@pytest.mark.parametrize("seed", range(6))
+def test_minigrid_doorkey_random_manager_reaches_the_goal(seed: int) -> None:
+    env, library = make_env(), make_library()
+    traj = run_episode(env, library, RandomManager(seed), seed=seed)
+    assert traj.success
+    assert "reached_goal" in env.verified_milestones()
+    steps = [traj.milestone_steps[m] for m in CHAIN]
+    assert steps == sorted(steps) and steps[0] > 0
+    assert traj.length < env.max_cycles
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_minigrid_doorkey_6x6_in_library_order(seed: int) -> None:
+    env, library = make_env("MiniGrid-DoorKey-6x6-v0"), make_library()
+    traj = run_episode(env, library, FirstEligible(), seed=seed)
+    assert traj.success
+    assert [library[c.option].name for c in traj.calls] == ["get_key", "open_door", "go_to_goal"]
+    assert traj.calls[-1].terminated and not traj.calls[-1].truncated
+    assert traj.total_reward > 0  # MiniGrid's own reward passes through
+
+
+def test_minigrid_adapter_is_a_gyre_env_with_state_and_render() -> None:
+    env = make_env(render_mode="rgb_array")
+    assert isinstance(env, GyreEnv) and isinstance(env, GyreAdapter)
+    assert unwrap(env) is env
+    obs, infos = env.reset(seed=3)
+    assert env.possible_agents == ["agent_0"] and set(obs) == {"agent_0"} == set(infos)
+    assert env.verified_milestones() == frozenset()
+    assert env.max_cycles == env.unwrapped.max_steps  # MiniGrid's own step cap
+    assert env.observation_space("agent_0") is env.observation_space("agent_0")
+    state = env.state()
+    assert env.state_space.contains(state)
+    frame = env.render()
+    assert isinstance(frame, np.ndarray) and frame.ndim == 3
+    graph = env.task_graph()
+    assert graph.goals == ("reached_goal",)
+    assert graph.milestone("has_key").verifier == "gyre_ma.envs.minigrid_doorkey:has_key"
+    env.close()
+
+
+def test_minigrid_milestone_stays_verified_after_the_door_closes_again() -> None:
+    env, library = make_env(), make_library()
+    env.reset(seed=0)
+    for name in ("get_key", "open_door"):
+        ctx = OptionContext("agent_0", env, None, env.verified_milestones())
+        for _ in range(30):
+            if library[name].milestone in env.verified_milestones():
+                break
+            env.step({"agent_0": library[name].policy(ctx)})
+    door = env.unwrapped.grid.get(*env.unwrapped.front_pos)
+    assert isinstance(door, Door) and door.is_open
+    env.step({"agent_0": int(Actions.toggle)})
+    assert not door.is_open
+    assert env.verified_milestones() == {"has_key", "door_open"}
+
+
+def test_minigrid_max_cycles_truncates_and_keeps_terminated_apart() -> None:
+    env = make_env(max_cycles=3)
+    env.reset(seed=0)
+    for _ in range(2):
+        _, _, term, trunc, _ = env.step({"agent_0": int(Actions.left)})
+        assert term == {"agent_0": False} and trunc == {"agent_0": False}
+    _, _, term, trunc, _ = env.step({"agent_0": int(Actions.left)})
+    assert term == {"agent_0": False} and trunc == {"agent_0": True}
+    assert env.agents == []
+    with pytest.raises(ValueError, match="call reset"):
+        env.step({"agent_0": 0})
+
+
+# ---------------------------------------------------------------------- Gymnasium CartPole
+def _cartpole(**kwargs) -> GyreAdapter:
+    return from_gymnasium(
+        "CartPole-v1",
+        milestones={"pushed_right": lambda env: bool(env.state[1] > 0.1)},
+        graph={"goals": ["pushed_right"], "milestones": {"pushed_right": {}}},
+        **kwargs,
+    )
+
+
+def test_cartpole_rewards_pass_through_and_termination_is_not_truncation() -> None:
+    env = _cartpole()
+    assert env.max_cycles == 500  # the registered TimeLimit
+    obs, _ = env.reset(seed=0)
+    assert env.verified_milestones() == frozenset()
+    np.testing.assert_array_equal(env.state(), obs["agent_0"])
+    total, steps = 0.0, 0
+    while env.agents:
+        _, reward, term, trunc, _ = env.step({"agent_0": 1})
+        total += reward["agent_0"]
+        steps += 1
+    assert term == {"agent_0": True} and trunc == {"agent_0": False}
+    assert total == steps  # CartPole pays 1 per step
+    assert env.verified_milestones() == {"pushed_right"}
+
+
+def test_cartpole_max_cycles_and_run_episode() -> None:
+    env = _cartpole(max_cycles=4)
+    library = OptionLibrary("cartpole", env.task_graph(), [
+        Option("push", lambda ctx: 1, milestone="pushed_right"),
+        Option("nudge", lambda ctx: 0, done=lambda ctx: True),
+    ])
+    traj = run_episode(env, library, FirstEligible(), seed=1)
+    assert traj.success and traj.length == 4
+    assert [library[c.option].name for c in traj.calls] == ["push", "nudge", "nudge", "nudge"]
+    env.reset(seed=1)
+    for _ in range(4):
+        _, _, term, trunc, _ = env.step({"agent_0": 0})
+    assert term == {"agent_0": False} and trunc == {"agent_0": True}
+
+
+# ---------------------------------------------------------------------- PettingZoo RPS (AEC)
+RPS_GRAPH = {
+    "goals": ["five_rounds"],
+    "milestones": {"first_round": {}, "five_rounds": {"requires": ["first_round"]}},
+}
+
+
+def _rps() -> GyreAdapter:
+    return from_pettingzoo(
+        rps_v2.env(),
+        milestones={"first_round": lambda e: e.num_moves >= 1, "five_rounds": lambda e: e.num_moves >= 5},
+        graph=RPS_GRAPH,
+    )
+
+
+def test_rps_aec_env_is_converted_and_verified_on_its_state() -> None:
+    env = _rps()
+    assert env.possible_agents == ["player_0", "player_1"]
+    assert env.max_cycles == 15  # rps's own max_cycles
+    env.reset(seed=0)
+    assert env.state_space.contains(env.state())
+    for round_ in range(1, 6):
+        _, rewards, term, trunc, _ = env.step({"player_0": 0, "player_1": 1})
+        assert rewards == {"player_0": -1, "player_1": 1}  # paper beats rock
+        assert not any(term.values()) and not any(trunc.values())
+        assert ("five_rounds" in env.verified_milestones()) == (round_ >= 5)
+    assert env.verified_milestones() == {"first_round", "five_rounds"}
+
+
+def test_rps_run_episode_two_agents() -> None:
+    env = _rps()
+    library = OptionLibrary("rps", env.task_graph(), [
+        Option("open", lambda ctx: 0, milestone="first_round", max_steps=1),
+        Option("rounds", lambda ctx: int(ctx.rng.integers(3)), milestone="five_rounds", max_steps=10),
+        Option("any", lambda ctx: int(ctx.rng.integers(3)), done=lambda ctx: True),
+    ])
+    traj = run_episode(env, library, RandomManager(0), seed=0)
+    assert traj.success
+    assert {c.agent for c in traj.calls} == {"player_0", "player_1"}
+    assert traj.length == env.max_cycles and all(c.truncated for c in traj.calls[-2:])
+
+
+def test_turn_based_aec_needs_the_flag() -> None:
+    graph = {"goals": ["moved"], "milestones": {"moved": {}}}
+    detectors = {"moved": lambda e: any(v != 0 for v in e.board.squares)}
+    with pytest.raises(ValueError, match="is_parallelizable.*turn_based=True"):
+        from_pettingzoo(tictactoe_v3.env(), milestones=detectors, graph=graph)
+    env = from_pettingzoo(tictactoe_v3.env(), milestones=detectors, graph=graph, turn_based=True)
+    env.reset(seed=0)
+    mover = env.agents[0]
+    others = {a: 0 for a in env.agents if a != mover}
+    env.step({mover: 4, **others})
+    assert env.verified_milestones() == {"moved"}
+
+
+# ---------------------------------------------------------------------- bad input
+def test_detector_names_must_match_graph_nodes() -> None:
+    graph = {"goals": ["b"], "milestones": {"a": {}, "b": {"requires": ["a"]}}}
+    with pytest.raises(ValueError, match=r"node\(s\) \['b'\] have no detector"):
+        from_gymnasium("CartPole-v1", milestones={"a": lambda e: True}, graph=graph)
+    with pytest.raises(ValueError, match=r"detector\(s\) for \['c'\] name no task-graph node"):
+        from_gymnasium(
+            "CartPole-v1", milestones={"a": lambda e: True, "b": lambda e: True, "c": lambda e: True},
+            graph=graph,
+        )
+
+
+def test_detector_that_raises_names_the_milestone() -> None:
+    env = from_gymnasium(
+        "CartPole-v1", milestones={"boom": lambda e: e.no_such_attribute},
+        graph={"goals": ["boom"], "milestones": {"boom": {}}},
+    )
+    with pytest.raises(ValueError, match=r"reset: detector for milestone 'boom' raised AttributeError"):
+        env.reset(seed=0)
+
+
+def test_detector_must_return_a_bool() -> None:
+    env = from_gymnasium(
+        "CartPole-v1", milestones={"vague": lambda e: None},
+        graph={"goals": ["vague"], "milestones": {"vague": {}}},
+    )
+    with pytest.raises(ValueError, match=r"milestone 'vague' returned None .* expected a bool"):
+        env.reset(seed=0)
+
+
+class _Drifting(gymnasium.Env):
+    """Emits observations that leave their declared Box at the second step."""
+
+    observation_space = spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, 0.6 * self.t, np.float32), 0.0, False, False, {}
+
+
+def test_observation_outside_its_space_names_the_agent() -> None:
+    graph = {"goals": ["g"], "milestones": {"g": {}}}
+    env = from_gymnasium(_Drifting(), milestones={"g": lambda e: False}, graph=graph, agent="walker")
+    env.reset(seed=0)
+    env.step({"walker": 0})
+    with pytest.raises(ValueError, match=r"step 2: observation for agent 'walker' is outside"):
+        env.step({"walker": 0})
+    lax = from_gymnasium(_Drifting(), milestones={"g": lambda e: False}, graph=graph, check_observations=False)
+    lax.reset(seed=0)
+    lax.step({"agent_0": 0})
+    lax.step({"agent_0": 0})
+
+
+def test_actions_must_cover_live_agents() -> None:
+    env = _rps()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"missing \['player_1'\]"):
+        env.step({"player_0": 0})
+    with pytest.raises(ValueError, match=r"unknown agent\(s\) \['ghost'\]"):
+        env.step({"player_0": 0, "player_1": 0, "ghost": 0})
+
+
+def test_graph_verifier_refs_are_detectors_and_must_agree() -> None:
+    spec = {"goals": ["has_key"], "milestones": {"has_key": {"verifier": "gyre_ma.envs.minigrid_doorkey:has_key"}}}
+    env = from_gymnasium("MiniGrid-DoorKey-5x5-v0", milestones=None, graph=spec)
+    env.reset(seed=0)
+    assert env.verified_milestones() == frozenset()
+    assert from_gymnasium("MiniGrid-DoorKey-5x5-v0", milestones={"has_key": has_key}, graph=spec)
+    with pytest.raises(ValueError, match=r"milestone 'has_key': the graph's verifier .* differ"):
+        from_gymnasium("MiniGrid-DoorKey-5x5-v0", milestones={"has_key": lambda e: False}, graph=spec)
+    with pytest.raises(ValueError, match=r"milestone 'x' has no detector"):
+        from_gymnasium("CartPole-v1", milestones=None, graph=TaskGraph.from_spec(
+            {"goals": ["x"], "milestones": {"x": {}}}))
+
+
+def test_make_kwargs_need_an_env_id() -> None:
+    with pytest.raises(TypeError, match="gymnasium.make arguments"):
+        from_gymnasium(
+            gymnasium.make("CartPole-v1"), milestones={"g": lambda e: True},
+            graph={"goals": ["g"], "milestones": {"g": {}}}, render_mode="rgb_array",
+        )

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from gyre_ma.config import load_config
+from gyre_ma.loop import Gyre
+
+ROOT = Path(__file__).resolve().parents[2]
+DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
+
+
+def run(config_path, iterations, **overrides):
+    cfg = load_config(config_path, {"train.iterations": iterations, **overrides})
+    gyre = Gyre(cfg)
+    return gyre, [gyre.iteration(i) for i in range(iterations)]
+
+
+def strip_times(history):
+    return [{k: v for k, v in m.items() if not k.endswith("seconds")} for m in history]
+
+
+def test_same_config_and_seed_give_identical_metrics_and_weights():
+    g1, h1 = run(DOORKEY, 2)
+    g2, h2 = run(DOORKEY, 2)
+    assert strip_times(h1) == strip_times(h2)
+    for p, q in zip(g1.policy.parameters(), g2.policy.parameters(), strict=True):
+        assert torch.equal(p, q)
+    _, h3 = run(DOORKEY, 2, seed=1)
+    assert strip_times(h3) != strip_times(h1)
+
+
+def test_every_call_carries_version_and_update_changes_policy():
+    gyre, _ = run(DOORKEY, 1)
+    before = [p.clone() for p in gyre.policy.parameters()]
+    trajectories = gyre.rollout(1)
+    assert all(c.policy_version == 1 for t in trajectories for c in t.calls)
+    seg = gyre.segment(trajectories)
+    batch = gyre.score(trajectories, seg)
+    assert batch["advantage"].shape == batch["option"].shape
+    assert all(torch.isfinite(v).all() for v in batch.values() if v.is_floating_point())
+    gyre.update(batch, trajectories, seg)
+    assert any(not torch.equal(a, b) for a, b in zip(before, gyre.policy.parameters(), strict=True))
+    assert gyre.version == 2
+
+
+def test_nan_loss_skips_the_update():
+    gyre, _ = run(DOORKEY, 1)
+    trajectories = gyre.rollout(1)
+    seg = gyre.segment(trajectories)
+    batch = gyre.score(trajectories, seg)
+    batch["advantage"] = torch.full_like(batch["advantage"], math.nan)
+    before = [p.clone() for p in gyre.policy.parameters()]
+    metrics = gyre.fitter.fit(gyre.manager_module, batch, epochs=1, minibatch_size=64, generator=torch.Generator())
+    assert metrics["skipped"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, gyre.policy.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("kind", ["random", "flat"])
+def test_baseline_kinds_run_in_the_same_loop(kind):
+    gyre, history = run(DOORKEY, 1, **{"manager.kind": kind})
+    assert history[0]["env_steps"] > 0
+    assert ("policy_loss" in history[0]) == (kind == "flat")
+
+
+def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
+    cmd = [sys.executable, "-m", "gyre_ma.cli", "train", str(DOORKEY), "--iterations", "2",
+           "--run-root", str(tmp_path), "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    run_dir = tmp_path / "minigrid_doorkey"
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    assert len(metrics) == 2 and {"success_rate", "env_steps", "policy_loss"} <= set(metrics.columns)
+    assert any((run_dir / "tensorboard").iterdir())
+    assert "summary" in out.stdout and "success_rate" in out.stdout
+    ckpt = run_dir / "checkpoints" / "final.pt"
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(ckpt), "--episodes", "3",
+                          "--json", str(tmp_path / "eval.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "verified completion" in out.stdout and "milestone has_key" in out.stdout
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert 0.0 <= result["success_rate"] <= 1.0 and result["episode_length"] > 0
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(tmp_path / "nope.pt")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr

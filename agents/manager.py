@@ -14,6 +14,21 @@ from gyre_ma.options.library import OptionLibrary
 from gyre_ma.rollout import Choice, Decision
 
 
+class StateScaler:
+    """Global state → float vector scaled into [0, 1] by the state space's bounds."""
+
+    def __init__(self, state_space: gym.spaces.Box) -> None:
+        low = np.asarray(state_space.low, dtype=np.float64).ravel()
+        high = np.asarray(state_space.high, dtype=np.float64).ravel()
+        finite = np.isfinite(low) & np.isfinite(high)
+        self._offset = np.where(finite, low, 0.0).astype(np.float32)
+        self._scale = np.where(finite, 1.0 / np.maximum(high - low, 1e-8), 1.0).astype(np.float32)
+        self.dim = int(low.shape[0])
+
+    def __call__(self, state: np.ndarray) -> np.ndarray:
+        return (np.asarray(state, dtype=np.float32).ravel() - self._offset) * self._scale
+
+
 class Featurizer:
     """Decision → manager input: scaled flat observation, achieved-milestone bits,
     last option (one-hot, with a slot for "none yet") and the time fraction."""
@@ -117,11 +132,12 @@ class LearnedManager:
     """The Manager protocol over a ManagerPolicy: batches simultaneous decisions."""
 
     def __init__(self, policy: ManagerPolicy, critic: Critic | None, featurizer: Featurizer, *,
-                 seed: int = 0, greedy: bool = False, centralised: bool = False) -> None:
+                 seed: int = 0, greedy: bool = False, state_scaler: StateScaler | None = None) -> None:
+        """With a ``state_scaler`` the critic is centralised: it values the global state."""
         self.policy, self.critic, self.featurizer = policy, critic, featurizer
         self.generator = torch.Generator().manual_seed(seed)
         self.greedy = greedy
-        self.centralised = centralised
+        self.state_scaler = state_scaler
 
     def inputs(self, decisions: Sequence[Decision]) -> dict[str, Any]:
         features = torch.from_numpy(np.stack([self.featurizer(d) for d in decisions]))
@@ -144,13 +160,9 @@ class LearnedManager:
         log_probs = dist.log_prob(options)
         if self.critic is None:
             values = torch.zeros(len(decisions))
-        elif self.centralised:
-            state = torch.from_numpy(np.stack([_global_state(d.env) for d in decisions]))
-            values = self.critic(state, x["agent"])
+        elif self.state_scaler is not None:
+            state = torch.from_numpy(self.state_scaler(decisions[0].env.state()))
+            values = self.critic(state.expand(len(decisions), -1), x["agent"])
         else:
             values = self.critic(x["features"], x["agent"])
         return [Choice(int(o), float(lp), float(v)) for o, lp, v in zip(options, log_probs, values, strict=True)]
-
-
-def _global_state(env: Any) -> np.ndarray:
-    return np.asarray(env.state(), dtype=np.float32).ravel()

@@ -35,6 +35,8 @@ class ManagerConfig(_Section):
     """Number of hidden layers."""
     agent_embedding: int = Field(8, ge=1, le=256)
     """Size of the agent-id embedding shared parameters use to tell agents apart."""
+    centralised_critic: bool = False
+    """Value the global ``state()`` (shared by all agents) instead of each agent's features."""
     kind: Literal["learned", "flat", "random", "oracle"] = "learned"
     """``learned`` trains the manager over options; ``flat`` trains the same policy over
     primitive actions (the flat-PPO baseline); ``random`` and ``oracle`` do not learn."""

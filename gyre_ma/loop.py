@@ -12,7 +12,7 @@ import torch
 from gyre_ma import batch as B
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.agents.flat import primitive_library
-from gyre_ma.agents.manager import Critic, Featurizer, LearnedManager, ManagerPolicy
+from gyre_ma.agents.manager import Critic, Featurizer, LearnedManager, ManagerPolicy, StateScaler
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.credit import group_outcome_advantages, option_advantages, smdp_returns
 from gyre_ma.envs.registry import make_env, make_library, make_oracle
@@ -28,7 +28,8 @@ class Segments:
 
     calls: list[list[OptionCall]]
     episode: torch.Tensor  # [R] long
-    bootstrap: list[tuple[Any, frozenset[str], int] | None]  # final (obs, achieved, agent index) per row
+    bootstrap: list[tuple[Any, frozenset[str], int, Any] | None]
+    """Per row, where the episode was cut rather than ended: (obs, achieved, agent, state)."""
 
     @property
     def width(self) -> int:
@@ -56,10 +57,13 @@ class Gyre:
         m = config.manager
         self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents),
                                     hidden=m.hidden, layers=m.layers, agent_embedding=m.agent_embedding)
-        self.critic = Critic(self.featurizer.dim, len(agents), hidden=m.hidden, layers=m.layers,
+        self.state_scaler = StateScaler(self.env.state_space) if m.centralised_critic else None
+        critic_inputs = self.state_scaler.dim if self.state_scaler else self.featurizer.dim
+        self.critic = Critic(critic_inputs, len(agents), hidden=m.hidden, layers=m.layers,
                              agent_embedding=m.agent_embedding)
         if m.kind in ("learned", "flat"):
-            self.manager: Any = LearnedManager(self.policy, self.critic, self.featurizer, seed=config.seed)
+            self.manager: Any = LearnedManager(self.policy, self.critic, self.featurizer,
+                                               seed=config.seed, state_scaler=self.state_scaler)
         elif m.kind == "random":
             self.manager = RandomManager(seed=config.seed)
         else:
@@ -68,7 +72,8 @@ class Gyre:
         self.fitter = Fitter()
         self.manager_module = self.fitter.setup(ManagerModule(
             self.policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef))
-        self.critic_module = self.fitter.setup(CriticModule(self.critic, lr=t.critic_lr))
+        self.critic_module = self.fitter.setup(
+            CriticModule(self.critic, lr=t.critic_lr, centralised=m.centralised_critic))
         self.generator = torch.Generator().manual_seed(config.seed)
         self.version = 0
         self.env_steps = 0
@@ -87,7 +92,7 @@ class Gyre:
             for _ in range(t.group_size):
                 traj = run_episode(self.env, self.library, self.manager, seed=seed,
                                    gamma=self.config.credit.gamma, policy_version=self.version,
-                                   max_steps=t.max_steps)
+                                   max_steps=t.max_steps, record_state=self.state_scaler is not None)
                 self.env_steps += traj.length
                 trajectories.append(traj)
         return trajectories
@@ -103,7 +108,8 @@ class Gyre:
                 calls.append(row)
                 episode.append(e)
                 final = traj.final.get(agent)
-                bootstrap.append(None if final is None or row[-1].terminated else (*final, i))
+                cut = final is not None and not row[-1].terminated
+                bootstrap.append((*final, i, traj.final_state) if cut else None)
         return Segments(calls, torch.tensor(episode, dtype=torch.long), bootstrap)
 
     # ---------------------------------------------------------------- C: score
@@ -137,7 +143,10 @@ class Gyre:
             advantages = per_episode[seg.episode].unsqueeze(-1).expand(R, T) * mask
         flat = [c for row in seg.calls for c in row]
         features = torch.from_numpy(np.stack([self.featurizer(c) for c in flat]))
-        return {
+        extra = {}
+        if self.state_scaler is not None:
+            extra[B.STATE] = torch.from_numpy(np.stack([self.state_scaler(c.state) for c in flat]))
+        return extra | {
             B.FEATURES: features,
             B.AGENT: torch.tensor([c.agent_index for c in flat], dtype=torch.long),
             B.MASK: torch.from_numpy(np.stack([c.mask for c in flat])),
@@ -157,8 +166,9 @@ class Gyre:
         feats, agents, rows = [], [], []
         for r, final in enumerate(seg.bootstrap):
             if final is not None:
-                obs, achieved, agent = final
-                feats.append(self.featurizer(_FinalState(obs, achieved, seg.calls[r][-1].option)))
+                obs, achieved, agent, state = final
+                feats.append(self.state_scaler(state) if self.state_scaler else
+                             self.featurizer(_FinalState(obs, achieved, seg.calls[r][-1].option)))
                 agents.append(agent)
                 rows.append(r)
         if rows:

@@ -74,6 +74,8 @@ class OptionCall:
     terminated: bool = False
     truncated: bool = False
     termination: Termination | None = None
+    state: np.ndarray | None = None
+    """Global state at the decision (only with ``record_state``; centralised critic)."""
 
     @property
     def option_terminated(self) -> bool:
@@ -96,6 +98,8 @@ class Trajectory:
     total_reward: float = 0.0
     final: dict[str, tuple[Any, frozenset[str]]] = field(default_factory=dict)
     """Each agent's last observation and the verified milestones then (for bootstrapping)."""
+    final_state: np.ndarray | None = None
+    """Global state at the end (only with ``record_state``)."""
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]
@@ -117,11 +121,13 @@ def run_episode(
     gamma: float = 0.99,
     policy_version: int = 0,
     max_steps: int | None = None,
+    record_state: bool = False,
 ) -> Trajectory:
     """Roll one episode out, option by option, and return its whole trajectory.
 
     ``max_steps`` is the primitive step cap (defaults to the env's own ``max_cycles``);
-    reaching it truncates every running option. Once every goal is verified the task is
+    reaching it truncates every running option. ``record_state`` stores ``env.state()``
+    at every decision (for a centralised critic). Once every goal is verified the task is
     done: the episode ends there, as a termination.
     """
     observations, _ = env.reset(seed=seed)
@@ -154,6 +160,7 @@ def run_episode(
                 decisions.append(
                     Decision(a, agent_index[a], observations[a], mask, verified, last[a], step / cap, env)
                 )
+            state = _global_state(env) if record_state else None
             for d, choice in zip(decisions, manager.decide(decisions), strict=True):
                 if not d.mask[choice.option]:
                     raise ValueError(
@@ -165,7 +172,7 @@ def run_episode(
                     observation=d.observation, mask=d.mask, achieved=d.achieved,
                     last_option=d.last_option, time_fraction=d.time_fraction,
                     log_prob=choice.log_prob, value=choice.value, start_step=step,
-                    policy_version=policy_version, task_seed=seed,
+                    policy_version=policy_version, task_seed=seed, state=state,
                 )
                 traj.calls.append(call)
                 last[d.agent] = choice.option
@@ -212,6 +219,12 @@ def run_episode(
     for a in env.possible_agents:
         if a in observations:
             traj.final[a] = (observations[a], verified)
+    if record_state:
+        traj.final_state = _global_state(env)
     traj.length = step
     traj.success = goals <= verified
     return traj
+
+
+def _global_state(env: GyreEnv) -> np.ndarray:
+    return np.asarray(env.state(), dtype=np.float32).ravel()

@@ -63,6 +63,16 @@ def test_nan_loss_skips_the_update():
     assert all(torch.equal(a, b) for a, b in zip(before, gyre.policy.parameters(), strict=True))
 
 
+def test_centralised_critic_values_the_global_state():
+    gyre, history = run(DOORKEY, 2, **{"manager.centralised_critic": True})
+    assert gyre.critic.body[0].in_features == gyre.state_scaler.dim + gyre.config.manager.agent_embedding
+    trajectories = gyre.rollout(2)
+    assert all(c.state is not None and c.state.shape == (gyre.state_scaler.dim,) for t in trajectories for c in t.calls)
+    batch = gyre.score(trajectories, gyre.segment(trajectories))
+    assert batch["state"].shape == (batch["option"].shape[0], gyre.state_scaler.dim)
+    assert math.isfinite(history[-1]["value_loss"])
+
+
 @pytest.mark.parametrize("kind", ["random", "flat"])
 def test_baseline_kinds_run_in_the_same_loop(kind):
     gyre, history = run(DOORKEY, 1, **{"manager.kind": kind})

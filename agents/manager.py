@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gyre_ma.envs.base import NumericView
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.rollout import Choice, Decision
 
@@ -34,18 +35,10 @@ class Featurizer:
     last option (one-hot, with a slot for "none yet") and the time fraction."""
 
     def __init__(self, observation_space: gym.Space, library: OptionLibrary) -> None:
-        self.keys: list[str] | None = None
-        if isinstance(observation_space, gym.spaces.Dict):  # drop parts with no numeric form (Text)
-            self.keys = [k for k, s in observation_space.spaces.items() if _flattenable(s)]
-            observation_space = gym.spaces.Dict({k: observation_space[k] for k in self.keys})
-        elif not _flattenable(observation_space):
-            raise TypeError(f"observation space {observation_space} has no numeric flat form")
-        self.space = observation_space
+        self.view = NumericView(observation_space)
         self.milestones = library.graph.names
         self.n_options = len(library)
-        flat = gym.spaces.flatten_space(observation_space)
-        if not isinstance(flat, gym.spaces.Box):
-            raise TypeError(f"observation space {observation_space} cannot be flattened to a Box")
+        flat = self.view.flat_space
         high = np.asarray(flat.high, dtype=np.float64)
         low = np.asarray(flat.low, dtype=np.float64)
         span = np.where(np.isfinite(high) & np.isfinite(low), np.maximum(high - low, 1e-8), 1.0)
@@ -55,8 +48,7 @@ class Featurizer:
         self.dim = self.obs_dim + len(self.milestones) + self.n_options + 2
 
     def __call__(self, d: Decision) -> np.ndarray:
-        raw = d.observation if self.keys is None else {k: d.observation[k] for k in self.keys}
-        obs = gym.spaces.flatten(self.space, raw).astype(np.float32)
+        obs = self.view(d.observation).astype(np.float32)
         out = np.zeros(self.dim, dtype=np.float32)
         out[: self.obs_dim] = (obs - self._offset) * self._scale
         base = self.obs_dim
@@ -67,13 +59,6 @@ class Featurizer:
         out[base + 1 + d.last_option] = 1.0  # last_option = -1 → slot 0
         out[-1] = d.time_fraction
         return out
-
-
-def _flattenable(space: gym.Space) -> bool:
-    try:
-        return bool(space.is_np_flattenable)
-    except NotImplementedError:
-        return False
 
 
 def _mlp(inputs: int, hidden: int, layers: int) -> nn.Sequential:

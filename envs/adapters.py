@@ -28,6 +28,7 @@ from gymnasium import spaces
 from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import aec_to_parallel, turn_based_aec_to_parallel
 
+from gyre_ma.envs.base import NumericView
 from gyre_ma.envs.testing import describe
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import reference, resolve
@@ -441,3 +442,44 @@ def _concat_boxes(boxes: list[spaces.Box]) -> spaces.Box:
     low = np.concatenate([np.asarray(b.low, dtype=np.float32).ravel() for b in boxes])
     high = np.concatenate([np.asarray(b.high, dtype=np.float32).ravel() for b in boxes])
     return spaces.Box(low, high, dtype=np.float32)
+
+
+class SingleAgentView(gymnasium.Env):
+    """A one-agent gyre env seen as a Gymnasium env (for single-agent libraries such as
+    Stable-Baselines3). Observations are flattened to a Box; ``info["milestones"]`` holds
+    the verified milestones and ``info["success"]`` whether every goal is verified."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, env: ParallelEnv) -> None:
+        if len(env.possible_agents) != 1:
+            raise ValueError(
+                f"SingleAgentView needs a one-agent env, got agents {list(env.possible_agents)}"
+            )
+        self.env = env
+        self.agent = env.possible_agents[0]
+        self._view = NumericView(env.observation_space(self.agent))
+        self.observation_space = self._view.flat_space
+        self.action_space = env.action_space(self.agent)
+        self._goals = frozenset(env.task_graph().goals)
+
+    def _info(self) -> dict[str, Any]:
+        verified = self.env.verified_milestones()
+        return {"milestones": verified, "success": self._goals <= verified}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        obs, _ = self.env.reset(seed=seed, options=options)
+        return self._view(obs[self.agent]), self._info()
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, rewards, terms, truncs, _ = self.env.step({self.agent: action})
+        info = self._info()
+        terminated = bool(terms.get(self.agent, False)) or info["success"]
+        return (self._view(obs[self.agent]), float(rewards.get(self.agent, 0.0)),
+                terminated, bool(truncs.get(self.agent, False)) and not terminated, info)
+
+
+def to_gymnasium(env: ParallelEnv) -> SingleAgentView:
+    """The one agent of a gyre env as a ``gymnasium.Env`` (see :class:`SingleAgentView`)."""
+    return SingleAgentView(env)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import gymnasium as gym
+import numpy as np
+
 from gyre_ma.options.graph import TaskGraph
 
 
@@ -41,3 +44,33 @@ def unwrap(env: Any) -> Any:
             return env
         env = env.env
     return env
+
+
+def _flattenable(space: gym.Space) -> bool:
+    try:
+        return bool(space.is_np_flattenable)
+    except NotImplementedError:
+        return False
+
+
+class NumericView:
+    """The numeric part of an observation space, flattened to one float vector.
+
+    Dict members with no numeric form (MiniGrid's mission ``Text``) are dropped; any
+    other non-flattenable space is a TypeError naming it.
+    """
+
+    def __init__(self, space: gym.Space) -> None:
+        self.keys: list[str] | None = None
+        if isinstance(space, gym.spaces.Dict):
+            self.keys = [k for k, s in space.spaces.items() if _flattenable(s)]
+            space = gym.spaces.Dict({k: space[k] for k in self.keys})
+        elif not _flattenable(space):
+            raise TypeError(f"observation space {space} has no numeric flat form")
+        self.space = space
+        self.flat_space = gym.spaces.flatten_space(space)
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        if self.keys is not None:
+            observation = {k: observation[k] for k in self.keys}
+        return gym.spaces.flatten(self.space, observation)

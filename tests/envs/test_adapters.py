@@ -286,3 +286,20 @@ def test_make_kwargs_need_an_env_id() -> None:
             gymnasium.make("CartPole-v1"), milestones={"g": lambda e: True},
             graph={"goals": ["g"], "milestones": {"g": {}}}, render_mode="rgb_array",
         )
+
+
+def test_single_agent_view_is_a_gymnasium_env_sb3_can_train_on() -> None:
+    from gymnasium.utils.env_checker import check_env as gym_check_env
+    from stable_baselines3 import PPO
+
+    from gyre_ma.envs.adapters import to_gymnasium
+    from gyre_ma.envs.minigrid_doorkey import make_env
+
+    view = to_gymnasium(make_env(max_cycles=30))
+    gym_check_env(view, skip_render_check=True)
+    obs, info = view.reset(seed=0)
+    assert view.observation_space.contains(obs) and info["success"] is False
+    model = PPO("MlpPolicy", view, n_steps=32, batch_size=16, n_epochs=1, seed=0, device="cpu")
+    model.learn(64)
+    with pytest.raises(ValueError, match="needs a one-agent env"):
+        to_gymnasium(_rps())

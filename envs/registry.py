@@ -14,7 +14,7 @@ class EnvSpec:
     env: str
     """``module:callable`` returning the native ParallelEnv."""
     library: str
-    """``module:callable`` returning the scripted OptionLibrary (may take the env)."""
+    """``module:callable`` returning the scripted OptionLibrary (given ``env=`` if it takes it)."""
     oracle: str | None = None
     """``module:callable`` returning the oracle Manager."""
 
@@ -34,12 +34,17 @@ ENVIRONMENTS: dict[str, EnvSpec] = {
 
 
 def _call_with_env(factory: Any, env: Any, where: str) -> Any:
-    """Call a factory that may or may not take the environment as its one argument."""
-    params = inspect.signature(factory).parameters
-    required = [p for p in params.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if len(required) > 1:
-        raise ValueError(f"{where}: factory {factory!r} must take at most one argument (the env)")
-    return factory(env) if params else factory()
+    """Call a factory, passing the environment as ``env=`` when it takes such a parameter."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    required = [n for n, p in params.items()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "env"]
+    if required:
+        raise ValueError(f"{where}: factory {factory!r} must take no required argument but 'env', "
+                         f"got {required}")
+    return factory(env=env) if "env" in params else factory()
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:

@@ -176,8 +176,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from gyre_ma.monitor import plot_run
+
+    console.print(f"wrote {plot_run(args.run_dir, args.out)}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "check": cmd_check, "graph": cmd_graph, "train": cmd_train, "eval": cmd_eval,
+    "check": cmd_check, "graph": cmd_graph, "train": cmd_train, "eval": cmd_eval, "plot": cmd_plot,
 }
 
 
@@ -204,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1_000_000, help="first task seed (training uses others)")
     p.add_argument("--greedy", action="store_true", help="take the most likely option")
     p.add_argument("--json", help="also write the metrics as JSON here")
+    p = sub.add_parser("plot", help="draw a run's learning curves and milestone rates to PNG")
+    p.add_argument("run_dir", help="a run directory written by gyre-ma train")
+    p.add_argument("--out", help="PNG path (default RUN_DIR/curves.png)")
     return parser
 
 

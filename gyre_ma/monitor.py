@@ -37,3 +37,47 @@ class Monitor:
     def close(self) -> None:
         self._file.close()
         self.tensorboard.close()
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Learning curves (success, episode length, reward) and per-milestone rates vs env
+    steps, from a run directory's ``metrics.csv``, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    csv_path = run_dir / "metrics.csv"
+    if not csv_path.is_file():
+        raise ValueError(f"{str(run_dir)!r} is not a run directory: no metrics.csv in it")
+    df = pd.read_csv(csv_path)
+    if df.empty or "env_steps" not in df:
+        raise ValueError(f"{csv_path}: no iterations logged yet")
+    x = df["env_steps"]
+    milestones = [c for c in df.columns if c.startswith("milestone/")]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for ax, key, label in ((axes[0, 0], "success_rate", "verified success rate"),
+                           (axes[0, 1], "episode_length", "episode length (primitive steps)"),
+                           (axes[1, 0], "episode_reward", "episode reward")):
+        if key in df:
+            ax.plot(x, df[key])
+        ax.set_title(label)
+        ax.set_xlabel("env steps")
+    for m in milestones:
+        axes[1, 1].plot(x, df[m], label=m.split("/", 1)[1])
+    axes[1, 1].set_title("milestone rates")
+    axes[1, 1].set_xlabel("env steps")
+    if milestones:
+        axes[1, 1].legend(fontsize=7, ncol=2)
+    if "curriculum_phase" in df:
+        for ax in axes.flat:
+            for step in x[df["curriculum_phase"].diff().fillna(0) != 0]:
+                ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    out = Path(out) if out is not None else run_dir / "curves.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -97,6 +97,13 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     assert "verified completion" in out.stdout and "milestone has_key" in out.stdout
     result = json.loads((tmp_path / "eval.json").read_text())
     assert 0.0 <= result["success_rate"] <= 1.0 and result["episode_length"] > 0
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "plot", str(run_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "plot", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no metrics.csv" in out.stderr
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(tmp_path / "nope.pt")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr

@@ -1,13 +1,66 @@
-"""Checkpoint files: atomic writes, loaded with ``weights_only=True``."""
+"""Checkpoints: atomic files loaded with ``weights_only=True``, and the three-slot manager.
+
+:func:`save_checkpoint` / :func:`load_checkpoint` write and read one file (the CLI's
+``final.pt``). :class:`CheckpointManager` keeps three slots in one folder — ``latest``
+(latest stable), ``pre_update`` (before the last large update), ``best`` (best
+validation) — behind a JSON manifest holding each slot file's SHA-256; it rolls back to
+the best slot when validation drops, with a learning-rate cut. :class:`NanGuard` skips
+updates with non-finite numbers and asks for a rollback after ``K`` in a row.
+
+Arbitrary nested state (tensors, numbers, strings, lists, tuples, dicts, numpy arrays and
+scalars, ``numpy.random.Generator``) round-trips through :func:`to_storable` /
+:func:`from_storable`, which reduce it to what ``torch.load(weights_only=True)`` accepts.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import math
 import os
+import random
+import re
 import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 import torch
+
+Slot = Literal["latest", "pre_update", "best"]
+SLOTS: tuple[Slot, ...] = ("latest", "pre_update", "best")
+MANIFEST = "manifest.json"
+
+
+# --------------------------------------------------------------------------- atomic files
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Temp file in the same folder, fsync, ``os.replace``, fsync of the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
@@ -16,22 +69,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     A crash at any moment leaves either the previous file or the new one, never half.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    buf = io.BytesIO()
+    torch.save(to_storable(state), buf)
+    _atomic_write(path, buf.getvalue())
     return path
 
 
@@ -46,4 +86,439 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or "policy" not in state or "config" not in state:
         raise ValueError(f"checkpoint {str(path)!r} is not a gyre-ma checkpoint (no policy/config)")
-    return state
+    return from_storable(state)
+
+
+# --------------------------------------------------------------------------- storable state
+_NDARRAY, _GENERATOR = "__gyre_ndarray__", "__gyre_numpy_generator__"
+
+
+def to_storable(obj: Any, where: str = "state") -> Any:
+    """Reduce nested state to types ``torch.load(weights_only=True)`` accepts.
+
+    numpy arrays become ``{_NDARRAY: uint8 tensor, dtype, shape}``, numpy scalars Python
+    numbers, a ``numpy.random.Generator`` its bit-generator state. Anything else that is
+    not a tensor, number, string, bytes, None, list, tuple or dict is a TypeError naming
+    its place (``where``).
+    """
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.Tensor)):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError(f"{where}: numpy arrays of objects cannot be stored")
+        arr = np.ascontiguousarray(obj)
+        return {_NDARRAY: torch.frombuffer(bytearray(arr.tobytes()), dtype=torch.uint8) if arr.nbytes
+                else torch.zeros(0, dtype=torch.uint8), "dtype": arr.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, np.random.Generator):
+        return {_GENERATOR: to_storable(obj.bit_generator.state, where)}
+    if isinstance(obj, OrderedDict):  # a module's state_dict: keep its type and _metadata
+        out = OrderedDict((k, to_storable(v, f"{where}.{k}")) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            out._metadata = obj._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, Mapping):
+        return {k: to_storable(v, f"{where}.{k}") for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return tuple(to_storable(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    if isinstance(obj, list):
+        return [to_storable(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    raise TypeError(f"{where}: cannot store a {type(obj).__name__} in a checkpoint; "
+                    "expected tensors, numbers, strings, lists, tuples, dicts or numpy arrays")
+
+
+def from_storable(obj: Any) -> Any:
+    """Inverse of :func:`to_storable` (a stored Generator comes back as a Generator)."""
+    if isinstance(obj, OrderedDict):
+        out = OrderedDict((k, from_storable(v)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            out._metadata = obj._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, dict):
+        if _NDARRAY in obj:
+            raw = obj[_NDARRAY].numpy().tobytes()
+            return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(tuple(obj["shape"])).copy()
+        if _GENERATOR in obj:
+            state = from_storable(obj[_GENERATOR])
+            bit_generator = getattr(np.random, state["bit_generator"])()
+            bit_generator.state = state
+            return np.random.Generator(bit_generator)
+        return {k: from_storable(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return tuple(from_storable(v) for v in obj)
+    if isinstance(obj, list):
+        return [from_storable(v) for v in obj]
+    return obj
+
+
+def rng_snapshot(*, torch_generators: Mapping[str, torch.Generator] | None = None,
+                 numpy_generators: Mapping[str, np.random.Generator] | None = None) -> dict[str, Any]:
+    """Every RNG state a resume needs: torch (global and given generators), numpy (legacy
+    global and given Generators), Python's ``random``. Storable as is."""
+    return {
+        "torch": torch.get_rng_state(),
+        "torch_generators": {k: g.get_state() for k, g in (torch_generators or {}).items()},
+        "numpy_global": np.random.get_state(),
+        "numpy_generators": {k: g.bit_generator.state for k, g in (numpy_generators or {}).items()},
+        "python": random.getstate(),
+    }
+
+
+def restore_rng(snapshot: Mapping[str, Any], *, torch_generators: Mapping[str, torch.Generator] | None = None,
+                numpy_generators: Mapping[str, np.random.Generator] | None = None) -> None:
+    """Put back the states of :func:`rng_snapshot` (after a :func:`from_storable` round trip)."""
+    torch.set_rng_state(snapshot["torch"])
+    for name, g in (torch_generators or {}).items():
+        g.set_state(snapshot["torch_generators"][name])
+    np.random.set_state(tuple(snapshot["numpy_global"]))
+    for name, g in (numpy_generators or {}).items():
+        g.bit_generator.state = snapshot["numpy_generators"][name]
+    version, internal, gauss = snapshot["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+# --------------------------------------------------------------------------- decisions
+@dataclass(frozen=True)
+class Rollback:
+    """One rollback, as recorded in the manifest and returned to the loop."""
+
+    slot: Slot
+    """The slot restored."""
+    reason: str
+    step: int | None
+    score: float | None
+    """The validation score (or None) that triggered it."""
+    best_score: float | None
+    lr_scale: float
+    """Cumulative learning-rate multiplier after the cut (relative to the configured LR)."""
+    time: float
+
+
+@dataclass(frozen=True)
+class ValidationDecision:
+    """What :meth:`CheckpointManager.validate` decided, and what the loop must do."""
+
+    action: Literal["improved", "kept", "rollback"]
+    score: float
+    best_score: float | None
+    lr_scale: float
+    """Apply with :func:`apply_lr_scale` (it changes only on a rollback)."""
+    state: dict[str, Any] | None = None
+    """On a rollback: the restored state, to pass to ``load_state_dict``."""
+    purge_latest_batch: bool = False
+    """On a rollback: drop the latest batch from the buffer (``TrajectoryBuffer.purge``)."""
+    rollback: Rollback | None = None
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.action == "rollback"
+
+
+def apply_lr_scale(optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer], lr_scale: float) -> None:
+    """Set every param group's ``lr`` to its base LR × ``lr_scale``.
+
+    The base LR is remembered in the group (``base_lr``) the first time, so that scales
+    are absolute, and survives ``optimizer.state_dict()``.
+    """
+    if isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = [optimizers]
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group.setdefault("base_lr", group["lr"])
+            group["lr"] = group["base_lr"] * lr_scale
+
+
+def parameter_step_size(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> float:
+    """Relative L2 size of an update, ‖θ' − θ‖ / (‖θ‖ + ε), over floating-point tensors."""
+    num = den = 0.0
+    for name, old in before.items():
+        if not torch.is_tensor(old) or not old.is_floating_point():
+            continue
+        new = after[name]
+        num += float((new.detach().double() - old.detach().double()).pow(2).sum())
+        den += float(old.detach().double().pow(2).sum())
+    return math.sqrt(num) / (math.sqrt(den) + 1e-12)
+
+
+# --------------------------------------------------------------------------- the manager
+@dataclass
+class _SlotRecord:
+    file: str
+    sha256: str
+    bytes: int
+    saved_at: float
+    step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class CheckpointManager:
+    """Three checkpoint slots behind a hash-checked manifest, with rollback.
+
+    Each save writes a new slot file ``<slot>-<sha256[:16]>.pt`` atomically, then the
+    manifest atomically, then removes the slot's previous file: a crash at any moment
+    leaves a manifest whose every entry names a whole file with the recorded hash.
+    Leftovers of a crash (temporary and unreferenced slot files) are removed on open.
+    """
+
+    def __init__(self, directory: str | Path, *, rollback_threshold: float = 0.1, lr_cut: float = 0.5,
+                 min_lr_scale: float = 1e-3, large_update_kl: float | None = 0.05,
+                 large_update_step: float | None = None, higher_is_better: bool = True) -> None:
+        checks = [
+            ("rollback_threshold", rollback_threshold, rollback_threshold >= 0, ">= 0"),
+            ("lr_cut", lr_cut, 0 < lr_cut <= 1, "in (0, 1]"),
+            ("min_lr_scale", min_lr_scale, 0 < min_lr_scale <= 1, "in (0, 1]"),
+            ("large_update_kl", large_update_kl, large_update_kl is None or large_update_kl > 0, "None or > 0"),
+            ("large_update_step", large_update_step, large_update_step is None or large_update_step > 0,
+             "None or > 0"),
+        ]
+        for name, value, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"`{name}` ({value!r}) must be {expected}")
+        self.directory = Path(directory)
+        self.rollback_threshold = rollback_threshold
+        self.lr_cut = lr_cut
+        self.min_lr_scale = min_lr_scale
+        self.large_update_kl = large_update_kl
+        self.large_update_step = large_update_step
+        self.higher_is_better = higher_is_better
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._manifest = self._read_manifest()
+        self._clean()
+
+    # ----------------------------------------------------------- manifest
+    @property
+    def manifest_path(self) -> Path:
+        return self.directory / MANIFEST
+
+    def _read_manifest(self) -> dict[str, Any]:
+        path = self.manifest_path
+        if not path.exists():
+            return {"format": 1, "slots": {}, "best_score": None, "lr_scale": 1.0, "rollbacks": []}
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("slots"), dict):
+                raise ValueError("no 'slots' mapping")
+        except (ValueError, json.JSONDecodeError) as exc:
+            raise ValueError(f"checkpoint manifest {str(path)!r} cannot be read ({exc})") from None
+        return data
+
+    def _write_manifest(self) -> None:
+        _atomic_write(self.manifest_path, json.dumps(self._manifest, indent=2).encode())
+
+    def _clean(self) -> None:
+        """Remove temp files and slot files the manifest does not name (crash leftovers)."""
+        keep = {rec["file"] for rec in self._manifest["slots"].values()}
+        pattern = re.compile(rf"^({'|'.join(SLOTS)})-[0-9a-f]{{16}}\.pt$")
+        for p in self.directory.iterdir():
+            if p.name.endswith(".tmp") or (pattern.match(p.name) and p.name not in keep):
+                p.unlink(missing_ok=True)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._manifest))
+
+    @property
+    def best_score(self) -> float | None:
+        return self._manifest["best_score"]
+
+    @property
+    def lr_scale(self) -> float:
+        return float(self._manifest["lr_scale"])
+
+    @property
+    def rollbacks(self) -> list[Rollback]:
+        return [Rollback(**r) for r in self._manifest["rollbacks"]]
+
+    def has(self, slot: Slot) -> bool:
+        return slot in self._manifest["slots"]
+
+    def path(self, slot: Slot) -> Path:
+        self._check_slot(slot)
+        if not self.has(slot):
+            raise ValueError(f"checkpoint slot {slot!r} is empty in {str(self.directory)!r}")
+        return self.directory / self._manifest["slots"][slot]["file"]
+
+    @staticmethod
+    def _check_slot(slot: str) -> None:
+        if slot not in SLOTS:
+            raise ValueError(f"checkpoint slot {slot!r} does not exist; expected one of {list(SLOTS)}")
+
+    # ----------------------------------------------------------- save / load
+    def save(self, slot: Slot, state: Mapping[str, Any], *, step: int | None = None,
+             metrics: Mapping[str, float] | None = None) -> Path:
+        """Write ``state`` (any nested storable state, see :func:`to_storable`) to ``slot``."""
+        self._check_slot(slot)
+        buf = io.BytesIO()
+        torch.save(to_storable(dict(state)), buf)
+        data = buf.getvalue()
+        digest = hashlib.sha256(data).hexdigest()
+        name = f"{slot}-{digest[:16]}.pt"
+        old = self._manifest["slots"].get(slot, {}).get("file")
+        _atomic_write(self.directory / name, data)
+        record = _SlotRecord(name, digest, len(data), time.time(), step,
+                             {k: float(v) for k, v in (metrics or {}).items()})
+        self._manifest["slots"][slot] = asdict(record)
+        self._write_manifest()
+        if old and old != name:
+            (self.directory / old).unlink(missing_ok=True)
+        return self.directory / name
+
+    def load(self, slot: Slot) -> dict[str, Any]:
+        """The state in ``slot``; a missing, corrupt or mismatched file is a ValueError naming it."""
+        path = self.path(slot)
+        record = self._manifest["slots"][slot]
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"checkpoint slot {slot!r}: file {path.name!r} cannot be read ({exc})") from None
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != record["sha256"]:
+            raise ValueError(f"checkpoint slot {slot!r}: file {path.name!r} has SHA-256 {digest[:16]}…, "
+                             f"the manifest says {record['sha256'][:16]}… (corrupt or replaced)")
+        try:
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged file
+            raise ValueError(f"checkpoint slot {slot!r}: file {path.name!r} cannot be loaded "
+                             f"({type(exc).__name__}: {exc})") from None
+        return from_storable(state)
+
+    def verify(self) -> dict[str, bool]:
+        """Whether each filled slot's file matches its manifest hash."""
+        out = {}
+        for slot in self._manifest["slots"]:
+            path = self.directory / self._manifest["slots"][slot]["file"]
+            out[slot] = path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == \
+                self._manifest["slots"][slot]["sha256"]
+        return out
+
+    # ----------------------------------------------------------- large updates
+    def is_large_update(self, *, kl: float | None = None, step_size: float | None = None) -> bool:
+        """KL or relative step size above its threshold (a non-finite one counts as large)."""
+        for value, limit in ((kl, self.large_update_kl), (step_size, self.large_update_step)):
+            if value is not None and limit is not None and not (value <= limit):
+                return True
+        return False
+
+    def after_update(self, pre_update_state: Mapping[str, Any], *, kl: float | None = None,
+                     step_size: float | None = None, step: int | None = None) -> bool:
+        """Keep ``pre_update_state`` (taken before the update) in ``pre_update`` if the
+        update was large; return whether it was."""
+        large = self.is_large_update(kl=kl, step_size=step_size)
+        if large:
+            metrics = {k: v for k, v in (("kl", kl), ("step_size", step_size)) if v is not None}
+            self.save("pre_update", pre_update_state, step=step, metrics=metrics)
+        return large
+
+    # ----------------------------------------------------------- validation and rollback
+    def validate(self, score: float, state: Mapping[str, Any], *, step: int | None = None) -> ValidationDecision:
+        """Record a validation score for the current ``state``.
+
+        Better than the best → ``best`` and ``latest`` ← state. Worse than the best by more
+        than ``rollback_threshold`` (or non-finite) → rollback to ``best``. Otherwise
+        ``latest`` ← state.
+        """
+        score = float(score)
+        best = self.best_score
+        sign = 1.0 if self.higher_is_better else -1.0
+        if math.isfinite(score) and (best is None or sign * (score - best) > 0):
+            self._manifest["best_score"] = score  # written with the best slot, atomically
+            try:
+                self.save("best", state, step=step, metrics={"score": score})
+            except BaseException:
+                self._manifest["best_score"] = best
+                raise
+            self.save("latest", state, step=step, metrics={"score": score})
+            return ValidationDecision("improved", score, score, self.lr_scale)
+        if best is not None and (not math.isfinite(score) or sign * (best - score) > self.rollback_threshold):
+            worse = "<" if self.higher_is_better else ">"
+            reason = f"validation {score:.4g} {worse} best {best:.4g} by more than {self.rollback_threshold:g}"
+            return self.rollback(reason=reason, step=step, score=score)
+        if not math.isfinite(score):  # no best yet: keep nothing from a broken state
+            return ValidationDecision("kept", score, best, self.lr_scale)
+        self.save("latest", state, step=step, metrics={"score": score})
+        return ValidationDecision("kept", score, best, self.lr_scale)
+
+    def rollback(self, *, reason: str, step: int | None = None, score: float | None = None,
+                 order: tuple[Slot, ...] = ("best", "latest", "pre_update")) -> ValidationDecision:
+        """Restore the first filled slot of ``order``, cut the LR, ask for a buffer purge.
+
+        The restored state is also written to ``latest`` so that a crash right after the
+        rollback resumes from it. Raises ValueError when every slot of ``order`` is empty.
+        """
+        slot = next((s for s in order if self.has(s)), None)
+        if slot is None:
+            raise ValueError(f"cannot roll back ({reason}): checkpoint slots {list(order)} are all empty "
+                             f"in {str(self.directory)!r}")
+        state = self.load(slot)
+        scale = max(self.lr_scale * self.lr_cut, self.min_lr_scale)
+        record = Rollback(slot=slot, reason=reason, step=step, score=score, best_score=self.best_score,
+                          lr_scale=scale, time=time.time())
+        self._manifest["lr_scale"] = scale
+        self._manifest["rollbacks"].append(asdict(record))
+        if slot != "latest":
+            self.save("latest", state, step=step, metrics={"rolled_back_from": 1.0})
+        else:
+            self._write_manifest()
+        return ValidationDecision("rollback", float("nan") if score is None else score, self.best_score, scale,
+                                  state=state, purge_latest_batch=True, rollback=record)
+
+
+# --------------------------------------------------------------------------- NaN guard
+@dataclass(frozen=True)
+class GuardDecision:
+    skip: bool
+    """Do not apply this update."""
+    consecutive: int
+    """Non-finite updates in a row, this one included."""
+    rollback: bool
+    """``max_consecutive`` reached: call :meth:`CheckpointManager.rollback`."""
+    reason: str = ""
+
+
+class NanGuard:
+    """Skips updates whose rewards, advantages or loss are non-finite; after
+    ``max_consecutive`` skips in a row it asks for a rollback (and starts counting anew)."""
+
+    def __init__(self, max_consecutive: int = 3) -> None:
+        if max_consecutive < 1:
+            raise ValueError(f"`max_consecutive` ({max_consecutive}) must be >= 1")
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total_skipped = 0
+
+    def check(self, **values: Any) -> GuardDecision:
+        """``check(loss=..., rewards=..., advantages=...)``: tensors, arrays or numbers."""
+        bad = [name for name, v in values.items() if v is not None and not _all_finite(v)]
+        if not bad:
+            self.consecutive = 0
+            return GuardDecision(False, 0, False)
+        self.consecutive += 1
+        self.total_skipped += 1
+        count = self.consecutive
+        rollback = count >= self.max_consecutive
+        if rollback:
+            self.consecutive = 0
+        return GuardDecision(True, count, rollback, f"non-finite {', '.join(bad)} ({count} in a row)")
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consecutive": self.consecutive, "total_skipped": self.total_skipped}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.consecutive, self.total_skipped = int(state["consecutive"]), int(state["total_skipped"])
+
+
+def _all_finite(value: Any) -> bool:
+    if torch.is_tensor(value):
+        return bool(torch.isfinite(value).all()) if value.is_floating_point() or value.is_complex() else True
+    if isinstance(value, Mapping):
+        return all(_all_finite(v) for v in value.values())
+    arr = np.asarray(value, dtype=np.float64)
+    return bool(np.isfinite(arr).all())
+
+
+__all__ = [
+    "SLOTS", "CheckpointManager", "GuardDecision", "NanGuard", "Rollback", "ValidationDecision",
+    "apply_lr_scale", "from_storable", "load_checkpoint", "parameter_step_size", "restore_rng",
+    "rng_snapshot", "save_checkpoint", "to_storable",
+]

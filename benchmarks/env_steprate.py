@@ -36,7 +36,7 @@ def raw_steps(env_id: str, seeds: list[int]) -> tuple[int, float]:
 def option_steps(env_id: str, seeds: list[int]) -> tuple[int, float, float]:
     env = make_env(env_id)
     library = make_library(env_id, env)
-    oracle = make_oracle(env_id, env)
+    oracle = make_oracle(env_id, env, library)
     steps, elapsed, successes = 0, 0.0, 0
     for seed in seeds:
         start = time.perf_counter()

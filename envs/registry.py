@@ -16,7 +16,7 @@ class EnvSpec:
     library: str
     """``module:callable`` returning the scripted OptionLibrary (given ``env=`` if it takes it)."""
     oracle: str | None = None
-    """``module:callable`` returning the oracle Manager."""
+    """``module:callable`` returning the oracle Manager (given ``env=``/``library=`` if taken)."""
 
 
 ENVIRONMENTS: dict[str, EnvSpec] = {
@@ -33,18 +33,19 @@ ENVIRONMENTS: dict[str, EnvSpec] = {
 }
 
 
-def _call_with_env(factory: Any, env: Any, where: str) -> Any:
-    """Call a factory, passing the environment as ``env=`` when it takes such a parameter."""
+def _call(factory: Any, where: str, **available: Any) -> Any:
+    """Call a factory with those of ``available`` (``env``, ``library``) it takes by name."""
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
     required = [n for n, p in params.items()
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "env"]
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                and n not in available]
     if required:
-        raise ValueError(f"{where}: factory {factory!r} must take no required argument but 'env', "
-                         f"got {required}")
-    return factory(env=env) if "env" in params else factory()
+        raise ValueError(f"{where}: factory {factory!r} must take no required argument but "
+                         f"{sorted(available)}, got {required}")
+    return factory(**{k: v for k, v in available.items() if k in params})
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:
@@ -69,14 +70,15 @@ def make_library(env_id: str, env: Any, source: str | None = None) -> OptionLibr
     if source is not None:
         library = OptionLibrary.load(source)
     elif env_id in ENVIRONMENTS:
-        library = _call_with_env(resolve(ENVIRONMENTS[env_id].library, "library"), env, "library")
+        library = _call(resolve(ENVIRONMENTS[env_id].library, "library"), "library", env=env)
     else:
         raise ValueError(f"library: environment {env_id!r} has no built-in library; set 'library'")
     return library.validate()
 
 
-def make_oracle(env_id: str, env: Any) -> Any:
+def make_oracle(env_id: str, env: Any, library: OptionLibrary) -> Any:
+    """The env's oracle manager, choosing among ``library``'s options."""
     spec = ENVIRONMENTS.get(env_id)
     if spec is None or spec.oracle is None:
         raise ValueError(f"manager.kind: environment {env_id!r} has no oracle manager")
-    return _call_with_env(resolve(spec.oracle, "oracle"), env, "oracle")
+    return _call(resolve(spec.oracle, "oracle"), "oracle", env=env, library=library)

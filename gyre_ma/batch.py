@@ -24,6 +24,10 @@ ADVANTAGE: Final = "advantage"
 """float [N] — credit assigned to the decision."""
 RETURN: Final = "return"
 """float [N] — regression target of the critic."""
+PROGRESS: Final = "progress"
+"""float [N] 0/1 — a milestone was first verified during the call (process-reward label)."""
+SUCCESS: Final = "success"
+"""float [N] 0/1 — the call's episode verified every goal (process-reward label)."""
 
 Batch = dict[str, torch.Tensor]
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from rich.console import Console
 from rich.table import Table
@@ -109,19 +110,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.run_root is not None:
         overrides["run_root"] = args.run_root
     config = load_config(args.config, overrides)
-    gyre = Gyre(config)
     run_dir = config.run_dir
-    monitor = Monitor(run_dir)
+    if args.resume:
+        gyre = Gyre.resume(config, run_dir)
+    else:
+        if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
+            raise UsageError(f"run directory {str(run_dir)!r} already has checkpoints; "
+                             "pass --resume to continue it, or choose another name/run_root")
+        gyre = Gyre(config, run_dir)
+    first = gyre.next_iteration
+    monitor = Monitor(run_dir, resume_at=first if args.resume else None)
+    spot_rng = np.random.default_rng([config.seed, first])
     (run_dir / "config.yaml").write_text(dump_config(config))
     metrics: dict[str, float] = {}
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps · success {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=args.quiet) as progress:
-        task = progress.add_task("train", total=config.train.iterations, steps=0, success="—")
-        for i in range(config.train.iterations):
-            metrics = gyre.iteration(i)
+        task = progress.add_task("train", total=config.train.iterations, completed=first,
+                                 steps=gyre.env_steps, success="—")
+        for i in range(first, config.train.iterations):
+            metrics, trajectories = gyre.iteration(i, return_trajectories=True)
             monitor.log(metrics, step=i)
+            monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
             progress.update(task, advance=1, steps=int(metrics["env_steps"]),
                             success=f"{metrics['success_rate']:.0%}")
     monitor.close()
@@ -205,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-root", help="override run_root (folder of run directories)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint")
     p = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
     p.add_argument("checkpoint", help="a checkpoint written by gyre-ma train")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")

@@ -94,6 +94,70 @@ class TrainConfig(_Section):
         return self.episodes_per_iteration // self.group_size
 
 
+class BufferConfig(_Section):
+    enabled: bool = False
+    """Route rollouts through the TrajectoryBuffer (dedup, elite mix, staleness); off: train
+    on each iteration's rollouts as collected."""
+    capacity: int = Field(4096, ge=1)
+    """Fresh-pool size in option calls; must exceed the option calls of the longest episode."""
+    eviction: Literal["fifo", "random_oldest"] = "fifo"
+    """Evict the oldest trajectory, or one at random among the oldest ``eviction_window``."""
+    eviction_window: int = Field(16, ge=1)
+    """How many of the oldest trajectories ``random_oldest`` picks among."""
+    dedup: bool = True
+    """Reject a trajectory whose every segment (calls up to a verified milestone) is held."""
+    elite_size: int = Field(8, ge=0)
+    """Top-k trajectories by verified outcome, then return, kept past eviction."""
+    max_turning_points: int = Field(8, ge=0)
+    """First trajectories to verify a new milestone, kept past eviction."""
+    elite_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of each training batch drawn from the elite pool."""
+    max_staleness: int | None = Field(1, ge=0)
+    """Drop fresh trajectories older than this many policy versions (None: never)."""
+    store: bool = True
+    """Append committed trajectories to ``<run_dir>/buffer/trajectories.log`` (compact
+    per-step records, no observations)."""
+
+
+class CheckpointConfig(_Section):
+    enabled: bool = True
+    """Keep the three slots (latest, pre_update, best) in ``<run_dir>/checkpoints``."""
+    rollback_threshold: float = Field(0.25, ge=0.0)
+    """Roll back to ``best`` when validation falls below it by more than this."""
+    lr_cut: float = Field(0.5, gt=0.0, le=1.0)
+    """Learning-rate factor applied at each rollback (cumulative)."""
+    min_lr_scale: float = Field(1e-3, gt=0.0, le=1.0)
+    """Floor of the cumulative learning-rate scale."""
+    large_update_kl: float | None = Field(0.05, gt=0.0)
+    """An update with KL above this saves the pre-update state to ``pre_update``."""
+    nan_max_consecutive: int = Field(3, ge=1)
+    """Non-finite updates in a row before a rollback."""
+
+
+class CurriculumConfig(_Section):
+    enabled: bool = False
+    """Horizon phases (warm-up → reinforce → refine), step cap k × oracle path length."""
+    k: float = Field(2.5, gt=0.0)
+    """Step cap = k × the oracle's path length (reinforce, refine)."""
+    warmup_k: float | None = Field(1.5, gt=0.0)
+    """Cap factor during warm-up (None: k)."""
+    warmup_goal: str | None = None
+    """A nearer milestone that counts as completion during warm-up."""
+    refine_k: float | None = Field(None, gt=0.0)
+    """Cap factor during refine (None: k)."""
+    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    """Mean verified completion over ``window`` iterations that promotes a phase."""
+    window: int = Field(3, ge=1)
+    """Iterations in the promotion window."""
+    oracle_episodes: int = Field(4, ge=1)
+    """Oracle episodes run at start to measure path lengths."""
+
+
+class MonitorConfig(_Section):
+    spot_checks: int = Field(2, ge=0)
+    """Trajectories dumped as readable Markdown per iteration (``<run_dir>/spot_checks``)."""
+
+
 class ExperimentConfig(_Section):
     name: str = Field("experiment", min_length=1)
     """Experiment name; the run directory is ``<run_root>/<name>``."""
@@ -109,6 +173,14 @@ class ExperimentConfig(_Section):
     """Credit assignment."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     """The training loop."""
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """The trajectory buffer."""
+    checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Checkpoint slots, rollback and the NaN guard."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """The horizon curriculum."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Monitoring."""
     run_root: str = "runs"
     """Folder under which run directories are made."""
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,8 +15,14 @@ from gyre_ma import batch as B
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.agents.flat import primitive_library
 from gyre_ma.agents.manager import Critic, Featurizer, LearnedManager, ManagerPolicy, StateScaler
+from gyre_ma.buffer import TrajectoryBuffer, TrajectoryStore
+from gyre_ma.checkpoints import (
+    CheckpointManager, NanGuard, ValidationDecision, apply_lr_scale, parameter_step_size, restore_rng,
+    rng_snapshot,
+)
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.credit import group_outcome_advantages, option_advantages, smdp_returns
+from gyre_ma.curriculum import PHASES, Curriculum
 from gyre_ma.envs.registry import make_env, make_library, make_oracle
 from gyre_ma.rollout import OptionCall, Trajectory, run_episode
 from gyre_ma.trainers.critic import CriticModule
@@ -44,8 +52,11 @@ def task_seed(seed: int, iteration: int, group: int) -> int:
 class Gyre:
     """One experiment's learner and its rollout, on the local backend."""
 
-    def __init__(self, config: ExperimentConfig) -> None:
+    def __init__(self, config: ExperimentConfig, run_dir: str | Path | None = None) -> None:
+        """``run_dir`` holds checkpoints and the trajectory store; without it the learner
+        keeps nothing on disk (no rollback, no store)."""
         self.config = config
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         torch.manual_seed(config.seed)
         self.env = make_env(config.env.id, **config.env.kwargs)
         agents = self.env.possible_agents
@@ -67,7 +78,7 @@ class Gyre:
         elif m.kind == "random":
             self.manager = RandomManager(seed=config.seed)
         else:
-            self.manager = make_oracle(config.env.id, self.env)
+            self.manager = make_oracle(config.env.id, self.env, self.library)
         t = config.train
         self.fitter = Fitter()
         self.manager_module = self.fitter.setup(ManagerModule(
@@ -77,7 +88,42 @@ class Gyre:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.version = 0
         self.env_steps = 0
+        self.next_iteration = 0
         self.critic_initialised = False
+        self._init_stability()
+
+    def _init_stability(self) -> None:
+        """Buffer, checkpoint slots with rollback and NaN guard, horizon curriculum."""
+        c = self.config
+        self.buffer = None
+        if c.buffer.enabled:
+            b = c.buffer
+            store = None
+            if b.store and self.run_dir is not None:
+                store = TrajectoryStore(self.run_dir / "buffer" / "trajectories.log")
+            self.buffer = TrajectoryBuffer(
+                b.capacity, eviction=b.eviction, eviction_window=b.eviction_window, dedup=b.dedup,
+                elite_size=b.elite_size, max_turning_points=b.max_turning_points,
+                elite_ratio=b.elite_ratio, max_staleness=b.max_staleness, seed=c.seed, store=store)
+        self.checkpoints = None
+        if c.checkpoints.enabled and self.run_dir is not None:
+            k = c.checkpoints
+            self.checkpoints = CheckpointManager(
+                self.run_dir / "checkpoints", rollback_threshold=k.rollback_threshold, lr_cut=k.lr_cut,
+                min_lr_scale=k.min_lr_scale, large_update_kl=k.large_update_kl)
+        self.nan_guard = NanGuard(c.checkpoints.nan_max_consecutive)
+        self.curriculum = None
+        if c.curriculum.enabled:
+            cur = c.curriculum
+            if cur.warmup_goal is not None and cur.warmup_goal not in self.library.graph:
+                raise ValueError(f"curriculum.warmup_goal: {cur.warmup_goal!r} is not a milestone; "
+                                 f"known: {list(self.library.graph.names)}")
+            oracle = make_oracle(c.env.id, self.env, self.library)
+            runs = [run_episode(self.env, self.library, oracle, seed=10**9 + s, gamma=c.credit.gamma)
+                    for s in range(cur.oracle_episodes)]
+            self.curriculum = Curriculum.from_oracle(
+                runs, warmup_goal=cur.warmup_goal, k=cur.k, warmup_k=cur.warmup_k, refine_k=cur.refine_k,
+                threshold=cur.threshold, window=cur.window)
 
     @property
     def learns(self) -> bool:
@@ -86,16 +132,28 @@ class Gyre:
     # ---------------------------------------------------------------- A: rollout
     def rollout(self, iteration: int) -> list[Trajectory]:
         t = self.config.train
+        cap = self.curriculum.step_cap if self.curriculum is not None else t.max_steps
         trajectories = []
         for group in range(t.groups_per_iteration):
             seed = task_seed(self.config.seed, iteration, group)
             for _ in range(t.group_size):
+                log: list | None = [] if self.buffer is not None and self.buffer.store is not None else None
                 traj = run_episode(self.env, self.library, self.manager, seed=seed,
                                    gamma=self.config.credit.gamma, policy_version=self.version,
-                                   max_steps=t.max_steps, record_state=self.state_scaler is not None)
+                                   max_steps=cap, record_state=self.state_scaler is not None, step_log=log)
                 self.env_steps += traj.length
                 trajectories.append(traj)
+                if self.buffer is not None:
+                    self.buffer.add(traj, step_log=log)
         return trajectories
+
+    def training_batch(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+        """This iteration's trajectories, or — with the buffer — its fresh, deduplicated
+        ones plus the configured share of elites; stale data is dropped and counted."""
+        if self.buffer is None:
+            return trajectories, {}
+        sample = self.buffer.sample(len(trajectories), version=self.version, newest=True)
+        return sample.trajectories, self.buffer.metrics() | {"buffer/stale_dropped_now": float(sample.stale_dropped)}
 
     # ---------------------------------------------------------------- B: segment
     def segment(self, trajectories: list[Trajectory]) -> Segments:
@@ -177,15 +235,52 @@ class Gyre:
 
     # ---------------------------------------------------------------- D: update
     def update(self, batch: B.Batch, trajectories: list[Trajectory], seg: Segments) -> dict[str, float]:
+        """One update; skipped (parameters unchanged) when its inputs are not finite, and
+        after ``nan_max_consecutive`` skips in a row the learner rolls back."""
         t = self.config.train
+        guard = self.nan_guard.check(rewards=[tr.total_reward for tr in trajectories],
+                                     advantages=batch[B.ADVANTAGE], returns=batch[B.RETURN])
+        if guard.skip:
+            out = {"update_skipped": 1.0}
+            if guard.rollback and self.checkpoints is not None:
+                out |= self._apply(self.checkpoints.rollback(reason=guard.reason, step=self.next_iteration))
+            return out
         if not self.critic_initialised:
             self._warm_start_critic(trajectories)
+        before = copy.deepcopy(self.state_dict()) if self.checkpoints is not None else None
         metrics = self.fitter.fit(self.manager_module, batch, epochs=t.epochs,
                                   minibatch_size=t.minibatch_size, generator=self.generator)
         metrics |= self.fitter.fit(self.critic_module, self._mc_targets(batch, seg), epochs=t.epochs,
                                    minibatch_size=t.minibatch_size, generator=self.generator)
         self.version += 1
-        return metrics
+        if before is not None:
+            step = parameter_step_size(before["policy"], self.policy.state_dict())
+            self.checkpoints.after_update(before, kl=metrics.get("kl"), step_size=step, step=self.next_iteration)
+            metrics["update_step_size"] = step
+        return metrics | {"update_skipped": 0.0}
+
+    def validate(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Judge the policy that produced ``trajectories`` by their verified success: keep
+        it as best, or roll back to the best when it fell too far (LR cut, batch purged)."""
+        if self.checkpoints is None:
+            return {}
+        score = episode_metrics(trajectories, ())["success_rate"]
+        return self._apply(self.checkpoints.validate(score, self.state_dict(), step=self.next_iteration))
+
+    def _apply(self, decision: ValidationDecision) -> dict[str, float]:
+        out = {"checkpoint/rollbacks": float(len(self.checkpoints.rollbacks)),
+               "checkpoint/lr_scale": float(decision.lr_scale), "checkpoint/rolled_back": 0.0}
+        if decision.rolled_back:
+            version, steps, iteration = self.version, self.env_steps, self.next_iteration
+            self.load_state_dict(decision.state)
+            # counters move on: new rollouts must not reuse the purged batch's versions
+            self.version, self.env_steps, self.next_iteration = version + 1, steps, iteration
+            apply_lr_scale([self.manager_module.optimizers().optimizer,
+                            self.critic_module.optimizers().optimizer], decision.lr_scale)
+            if decision.purge_latest_batch and self.buffer is not None:
+                self.buffer.purge(min_version=version)
+            out["checkpoint/rolled_back"] = 1.0
+        return out
 
     def _warm_start_critic(self, trajectories: list[Trajectory]) -> None:
         """Initialise values conservatively at mean per-step reward / (1 − γ)."""
@@ -214,27 +309,53 @@ class Gyre:
         return {**batch, B.RETURN: targets}
 
     # ---------------------------------------------------------------- one turn
-    def iteration(self, i: int) -> dict[str, float]:
+    def iteration(self, i: int, *, return_trajectories: bool = False) -> Any:
+        """One turn of the gyre; afterwards the whole learner is in the ``latest`` slot.
+        Returns the metrics (and the iteration's trajectories if asked)."""
         start = time.perf_counter()
-        trajectories = self.rollout(i)
+        self.next_iteration = i
+        trajectories = self.rollout(i)                                   # A
         rollout_s = time.perf_counter() - start
         metrics: dict[str, float] = {"iteration": float(i)}
-        if self.learns:
-            seg = self.segment(trajectories)
-            batch = self.score(trajectories, seg)
-            metrics |= self.update(batch, trajectories, seg)
         metrics |= episode_metrics(trajectories, self.library.graph.names)
+        if self.learns:
+            metrics |= self.validate(trajectories)
+            if not metrics.get("checkpoint/rolled_back"):
+                batch_trajectories, buffer_metrics = self.training_batch(trajectories)
+                seg = self.segment(batch_trajectories)                   # B
+                batch = self.score(batch_trajectories, seg)              # C
+                metrics |= buffer_metrics | self.update(batch, batch_trajectories, seg)  # D
+        if self.curriculum is not None:
+            self.curriculum.observe(self.curriculum.success_rate(trajectories))
+            metrics |= {"curriculum_phase": float(PHASES.index(self.curriculum.phase)),
+                        "curriculum_step_cap": float(self.curriculum.step_cap)}
+        self.next_iteration = i + 1
         metrics |= {"env_steps": float(self.env_steps), "policy_version": float(self.version),
                     "rollout_seconds": rollout_s, "iteration_seconds": time.perf_counter() - start}
-        return metrics
+        if self.checkpoints is not None:
+            self.checkpoints.save("latest", self.state_dict(), step=i)
+        return (metrics, trajectories) if return_trajectories else metrics
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        gens = {"minibatch": self.generator}
+        if isinstance(self.manager, LearnedManager):
+            gens["manager"] = self.manager.generator
+        return gens
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit for bit (the buffer's pools
+        excepted: their observations are not kept)."""
+        numpy_gens = {"random_manager": self.manager.rng} if isinstance(self.manager, RandomManager) else {}
         return {
             "policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
             "manager_optimizer": self.manager_module.optimizers().optimizer.state_dict(),
             "critic_optimizer": self.critic_module.optimizers().optimizer.state_dict(),
-            "version": self.version, "env_steps": self.env_steps,
+            "version": self.version, "env_steps": self.env_steps, "next_iteration": self.next_iteration,
             "critic_initialised": self.critic_initialised,
+            "rng": rng_snapshot(torch_generators=self._generators(), numpy_generators=numpy_gens),
+            "nan_guard": self.nan_guard.state_dict(),
+            "buffer": self.buffer.state_dict() if self.buffer is not None else None,
+            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
             "config": self.config.model_dump(mode="json"),
         }
 
@@ -244,7 +365,27 @@ class Gyre:
         self.manager_module.optimizers().optimizer.load_state_dict(state["manager_optimizer"])
         self.critic_module.optimizers().optimizer.load_state_dict(state["critic_optimizer"])
         self.version, self.env_steps = state["version"], state["env_steps"]
+        self.next_iteration = state.get("next_iteration", 0)
         self.critic_initialised = state["critic_initialised"]
+        if "rng" in state:
+            numpy_gens = {"random_manager": self.manager.rng} if isinstance(self.manager, RandomManager) else {}
+            restore_rng(state["rng"], torch_generators=self._generators(), numpy_generators=numpy_gens)
+        if state.get("nan_guard") is not None:
+            self.nan_guard.load_state_dict(state["nan_guard"])
+        if state.get("buffer") is not None and self.buffer is not None:
+            self.buffer.load_state_dict(state["buffer"])
+        if state.get("curriculum") is not None and self.curriculum is not None:
+            self.curriculum.load_state_dict(state["curriculum"])
+
+    @classmethod
+    def resume(cls, config: ExperimentConfig, run_dir: str | Path) -> Gyre:
+        """A learner restored from ``run_dir``'s latest checkpoint; it continues at
+        ``next_iteration``."""
+        gyre = cls(config, run_dir)
+        if gyre.checkpoints is None or not gyre.checkpoints.has("latest"):
+            raise ValueError(f"cannot resume: {str(run_dir)!r} has no latest checkpoint")
+        gyre.load_state_dict(gyre.checkpoints.load("latest"))
+        return gyre
 
 
 @dataclass(frozen=True)

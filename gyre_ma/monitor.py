@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from torch.utils.tensorboard import SummaryWriter
 
@@ -15,12 +18,22 @@ class Monitor:
     TensorBoard only, so the file stays rectangular and readable with pandas.
     """
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, *, resume_at: int | None = None) -> None:
+        """``resume_at``: keep the rows of iterations before it (a resumed run rewrites
+        those it is about to repeat) and append."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.csv_path = self.run_dir / "metrics.csv"
+        kept: list[dict[str, str]] = []
+        if resume_at is not None and self.csv_path.exists():
+            with self.csv_path.open(newline="") as f:
+                kept = [row for row in csv.DictReader(f) if float(row["iteration"]) < resume_at]
         self._file = self.csv_path.open("w", newline="")
         self._writer: csv.DictWriter | None = None
+        if kept:
+            self._writer = csv.DictWriter(self._file, fieldnames=list(kept[0]), extrasaction="ignore")
+            self._writer.writeheader()
+            self._writer.writerows(kept)
         self.tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
         self.history: list[dict[str, float]] = []
 
@@ -33,6 +46,33 @@ class Monitor:
         self._file.flush()
         for key, value in metrics.items():
             self.tensorboard.add_scalar(key, value, step)
+
+    def spot_check(self, iteration: int, trajectories: list, library: Any, n: int,
+                   rng: np.random.Generator) -> Path | None:
+        """Dump ``n`` random trajectories as readable Markdown: per agent, the options in
+        order with their length, reward, milestones and why they ended."""
+        if n <= 0 or not trajectories:
+            return None
+        folder = self.run_dir / "spot_checks"
+        folder.mkdir(exist_ok=True)
+        picks = rng.choice(len(trajectories), size=min(n, len(trajectories)), replace=False)
+        lines = [f"# Iteration {iteration}: {len(picks)} of {len(trajectories)} trajectories", ""]
+        for k in sorted(int(p) for p in picks):
+            t = trajectories[k]
+            verdict = "**verified success**" if t.success else "not completed"
+            lines += [f"## Trajectory {k} — task seed {t.task_seed}, policy v{t.policy_version}",
+                      f"{verdict}; {t.length} steps; reward {t.total_reward:.3g}; "
+                      f"milestones: {', '.join(f'{m}@{s}' for m, s in t.milestone_steps.items()) or 'none'}", "",
+                      "| agent | step | option | steps | reward | milestones | ended by |",
+                      "|---|---|---|---|---|---|---|"]
+            for c in t.calls:
+                ended = c.termination.value if c.termination else "—"
+                lines.append(f"| {c.agent} | {c.start_step} | {library[c.option].name} | {c.duration} | "
+                             f"{c.raw_reward:.3g} | {', '.join(c.milestones) or ''} | {ended} |")
+            lines.append("")
+        path = folder / f"iteration_{iteration:05d}.md"
+        path.write_text("\n".join(lines))
+        return path
 
     def close(self) -> None:
         self._file.close()

@@ -122,12 +122,14 @@ def run_episode(
     policy_version: int = 0,
     max_steps: int | None = None,
     record_state: bool = False,
+    step_log: list[tuple[dict, dict]] | None = None,
 ) -> Trajectory:
     """Roll one episode out, option by option, and return its whole trajectory.
 
     ``max_steps`` is the primitive step cap (defaults to the env's own ``max_cycles``);
     reaching it truncates every running option. ``record_state`` stores ``env.state()``
-    at every decision (for a centralised critic). Once every goal is verified the task is
+    at every decision (for a centralised critic); ``step_log`` receives each step's
+    (actions, rewards), for the trajectory store. Once every goal is verified the task is
     done: the episode ends there, as a termination.
     """
     observations, _ = env.reset(seed=seed)
@@ -181,6 +183,8 @@ def run_episode(
                 )
         actions = {a: library[running[a].call.option].policy(running[a].ctx) for a in env.agents}
         observations, rewards, terms, truncs, _ = env.step(actions)
+        if step_log is not None:
+            step_log.append((actions, dict(rewards)))
         step += 1
         verified = env.verified_milestones()
         for m in verified:

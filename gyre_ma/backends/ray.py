@@ -1,0 +1,325 @@
+"""The Ray backend: rollout workers as Ray actors, restarted on failure.
+
+* Weights go out through the object store: one ``ray.put`` per policy version; each
+  actor fetches a version once and caches it.
+* An actor plays one episode at a time, so a fault costs one episode. When an episode
+  raises inside the actor (an env or option fault) the actor is restarted
+  (``ray.kill(..., no_restart=False)``; Ray re-runs its constructor, within
+  ``max_restarts``); when the actor process dies, Ray restarts it by itself. Either way
+  the episode is re-issued whole, up to ``max_attempts`` times.
+* A hanging episode is bounded by ``sample_timeout_s`` (``ray.wait(..., timeout=...)``):
+  its actor is killed and replaced by a fresh one, the episode re-issued.
+* Calls use ``max_task_retries=0``: the backend, not Ray, decides what is re-issued, so
+  no episode is ever returned in part or twice.
+
+``ray`` is imported here only, and ``ray.init`` runs only when this backend is built
+(and only if Ray is not initialised already; then :meth:`RayBackend.close` shuts it down).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+
+from gyre_ma.agents.roles import ROLES, Role, RolloutTask, RolloutWorker, RoleTrajectory, Weights
+from gyre_ma.backends.base import TaskLike, coerce_tasks
+
+WORKER_ID_ENV = "GYRE_MA_WORKER_ID"
+"""Set in each actor's process to its worker index (fault injection and logs read it)."""
+
+
+class RolloutActor:
+    """A :class:`RolloutWorker` in its own process."""
+
+    def __init__(self, config: Any, worker_id: int, roles: Mapping[str, Role] | None) -> None:
+        os.environ[WORKER_ID_ENV] = str(worker_id)
+        torch.set_num_threads(1)
+        self.incarnation = uuid.uuid4().hex
+        """New on every (re)start: tells a restarted actor from the one that was killed."""
+        self.worker = RolloutWorker(config, worker_id=worker_id, roles=roles)
+
+    def run(self, box: list[Any], version: int, task: RolloutTask) -> RoleTrajectory:
+        """``box`` holds the weights' ObjectRef (boxed so Ray does not fetch it per call)."""
+        ref = box[0]
+        weights = None if ref is None or version == self.worker.kit.version else ray.get(ref)
+        return self.worker.run(task, weights, version)
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "worker_id": self.worker.worker_id, "incarnation": self.incarnation}
+
+
+@dataclass
+class _Job:
+    task: RolloutTask
+    version: int
+    order: int
+    attempts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Slot:
+    index: int
+    role: str | None
+    """The role this actor plays; None: any role."""
+    actor: Any
+    restarts: int = 0
+    """Restarts of the current actor (Ray's ``max_restarts`` budget)."""
+    starting: Any = None
+    """While the actor (re)starts: the ObjectRef of its readiness ping; no episode goes
+    to it until that resolves (calls to a restarting actor would fail)."""
+    since: float = 0.0
+    """When the current start began (for ``startup_timeout_s``)."""
+    incarnation: str | None = None
+    """The running actor instance's id, from its readiness ping."""
+    killed: str | None = None
+    """The incarnation we asked Ray to restart: a ping answered by it (``ray.kill`` is
+    asynchronous) does not count as the restarted actor being ready."""
+
+
+class RayBackend:
+    name = "ray"
+
+    def __init__(self, config: Any, *, workers: int | Mapping[str, int] = 2, max_restarts: int = 3,
+                 max_attempts: int = 3, sample_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
+                 cpus_per_worker: float = 1.0, roles: Mapping[str, Role] | None = None,
+                 init: Mapping[str, Any] | None = None) -> None:
+        """``workers``: a number of actors that play any role, or actors per role
+        (``{"explorer": 1, "executor": 2}``). ``init``: keyword arguments for ``ray.init``."""
+        counts = {None: workers} if isinstance(workers, int) else dict(workers)
+        unknown = [r for r in counts if r is not None and r not in ROLES]
+        if unknown:
+            raise ValueError(f"workers: unknown roles {unknown}; expected some of {list(ROLES)}")
+        if any(n < 0 for n in counts.values()) or sum(counts.values()) < 1:
+            raise ValueError(f"workers: need at least one actor and no negative counts, got {workers!r}")
+        if max_restarts < 0 or max_attempts < 1 or sample_timeout_s <= 0 or startup_timeout_s < 0:
+            raise ValueError(f"need max_restarts >= 0, max_attempts >= 1, sample_timeout_s > 0 and "
+                             f"startup_timeout_s >= 0; got {max_restarts}, {max_attempts}, "
+                             f"{sample_timeout_s}, {startup_timeout_s}")
+        self.config, self.roles = config, roles
+        self.max_restarts, self.max_attempts = max_restarts, max_attempts
+        self.sample_timeout_s, self.startup_timeout_s = sample_timeout_s, startup_timeout_s
+        self.cpus_per_worker = cpus_per_worker
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            ray.init(**({"include_dashboard": False} | dict(init or {})))
+        self._actor_class = ray.remote(RolloutActor)
+        self._slots: list[_Slot] = []
+        for role, n in counts.items():
+            for _ in range(n):
+                index = len(self._slots)
+                slot = _Slot(index, role, self._spawn(index))
+                self._await_start(slot)
+                self._slots.append(slot)
+        self._queue: deque[_Job] = deque()
+        self._inflight: dict[Any, tuple[_Job, _Slot, float]] = {}
+        self._weights: dict[int, Any] = {}
+        self._order = 0
+        self._stash: list[RoleTrajectory] = []
+        self._counts = dict.fromkeys(("episodes", "env_steps", "restarts", "timeouts", "reissued", "replaced"), 0)
+
+    # ---------------------------------------------------------------- public
+    def collect(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> list[RoleTrajectory]:
+        """Blocks until these tasks are done; earlier submitted work keeps running, and what
+        of it finishes meanwhile is kept for the next :meth:`poll`."""
+        first = self._order
+        self.submit(weights, version, tasks)
+        mine: dict[int, RoleTrajectory] = {}
+        while len(mine) < self._order - first:
+            if not self._queue and not self._inflight:
+                raise RuntimeError(f"collect: {self._order - first - len(mine)} episodes were lost")
+            for order, traj in self._poll(self.sample_timeout_s):
+                if order >= first:
+                    mine[order] = traj
+                else:
+                    self._stash.append(traj)
+        return [mine[o] for o in sorted(mine)]
+
+    def submit(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> None:
+        jobs = coerce_tasks(tasks)
+        for job in jobs:
+            if not any(s.role in (None, job.role) for s in self._slots):
+                raise ValueError(f"no Ray worker plays role {job.role!r}; workers per role: "
+                                 f"{self._roles_summary()}")
+        if version not in self._weights:
+            self._weights[version] = None if weights is None else ray.put(weights)
+        for task in jobs:
+            self._queue.append(_Job(task, version, self._order))
+            self._order += 1
+        self._dispatch()
+
+    def poll(self, timeout: float | None = 0.0) -> list[RoleTrajectory]:
+        stash, self._stash = self._stash, []
+        return stash + [t for _, t in self._poll(0.0 if stash and timeout is not None else timeout)]
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._inflight) + len(self._stash)
+
+    def stats(self) -> dict[str, float]:
+        return {f"backend/{k}": float(v) for k, v in self._counts.items()} | {"backend/pending": float(self.pending)}
+
+    def actor_info(self) -> list[dict[str, Any]]:
+        """Each actor's pid and worker index (for tests and logs)."""
+        return ray.get([s.actor.info.options(max_task_retries=-1).remote() for s in self._slots])
+
+    def close(self) -> None:
+        for slot in self._slots:
+            ray.kill(slot.actor, no_restart=True)
+        self._slots.clear()
+        self._queue.clear()
+        self._inflight.clear()
+        self._stash.clear()
+        self._weights.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> RayBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- machinery
+    def _spawn(self, index: int) -> Any:
+        options = {"max_restarts": self.max_restarts, "max_task_retries": 0, "num_cpus": self.cpus_per_worker}
+        return self._actor_class.options(**options).remote(self.config, index, self.roles)
+
+    def _roles_summary(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self._slots:
+            out[s.role or "any"] = out.get(s.role or "any", 0) + 1
+        return out
+
+    def _await_start(self, slot: _Slot) -> None:
+        """Ping the actor, retried through its restart; it takes work once the ping returns."""
+        slot.starting = slot.actor.info.options(max_task_retries=-1).remote()
+        slot.since = time.monotonic()
+
+    def _dispatch(self) -> None:
+        busy = {id(slot) for _, slot, _ in self._inflight.values()}
+        free = [s for s in self._slots if id(s) not in busy and s.starting is None]
+        waiting: deque[_Job] = deque()
+        while self._queue and free:
+            job = self._queue.popleft()
+            slot = next((s for s in free if s.role == job.task.role), None) or next(
+                (s for s in free if s.role is None), None)
+            if slot is None:
+                waiting.append(job)
+                continue
+            free.remove(slot)
+            ref = slot.actor.run.remote([self._weights[job.version]], job.version, job.task)
+            self._inflight[ref] = (job, slot, time.monotonic())
+        self._queue.extendleft(reversed(waiting))
+        live = {job.version for job in self._queue} | {job.version for job, _, _ in self._inflight.values()}
+        latest = max(self._weights, default=None)
+        self._weights = {v: r for v, r in self._weights.items() if v in live or v == latest}
+
+    def _poll(self, timeout: float | None) -> list[tuple[int, RoleTrajectory]]:
+        end = None if timeout is None else time.monotonic() + timeout
+        out: list[tuple[int, RoleTrajectory]] = []
+        while True:
+            self._dispatch()
+            starting = {s.starting: s for s in self._slots if s.starting is not None}
+            if not self._inflight and not (self._queue and starting):
+                break
+            now = time.monotonic()
+            deadlines = [t + self.sample_timeout_s for _, _, t in self._inflight.values()]
+            deadlines += [s.since + self.startup_timeout_s for s in starting.values()]
+            wait = max(0.0, min(deadlines) - now)
+            if end is not None:
+                wait = min(wait, max(0.0, end - now))
+            refs = [*self._inflight, *starting]
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                if ref in starting:
+                    self._started(starting[ref], ref)
+                else:
+                    self._finish(ref, out)
+            self._expire()
+            if end is not None and (out or time.monotonic() >= end):
+                break
+        self._dispatch()
+        return out
+
+    def _finish(self, ref: Any, out: list[tuple[int, RoleTrajectory]]) -> None:
+        job, slot, _ = self._inflight.pop(ref)
+        try:
+            traj = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:  # the process died; Ray restarts it within max_restarts
+            self._fault(job, slot, exc, kill=False)
+            return
+        except ray.exceptions.RayError as exc:  # the episode raised inside the actor
+            self._fault(job, slot, exc, kill=True)
+            return
+        self._counts["episodes"] += 1
+        self._counts["env_steps"] += traj.length
+        out.append((job.order, traj))
+
+    def _fault(self, job: _Job, slot: _Slot, exc: BaseException, *, kill: bool) -> None:
+        self._counts["restarts"] += 1
+        slot.restarts += 1
+        if slot.restarts > self.max_restarts:
+            self._replace(slot)
+        else:
+            if kill:
+                slot.killed = slot.incarnation
+                ray.kill(slot.actor, no_restart=False)
+            self._await_start(slot)
+        self._reissue(job, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
+
+    def _started(self, slot: _Slot, ref: Any) -> None:
+        try:
+            info = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise RuntimeError(f"Ray rollout worker {slot.index} failed to start: {exc}") from None
+        if info["incarnation"] == slot.killed:  # the old instance answered before the kill landed
+            slot.starting = slot.actor.info.options(max_task_retries=-1).remote()
+            return
+        slot.starting, slot.incarnation, slot.killed = None, info["incarnation"], None
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots:
+            if slot.starting is not None and now >= slot.since + self.startup_timeout_s:
+                cpus = ray.cluster_resources().get("CPU", 0)
+                raise RuntimeError(
+                    f"Ray rollout worker {slot.index} did not start within startup_timeout_s="
+                    f"{self.startup_timeout_s:g} s; does the cluster have {self.cpus_per_worker:g} CPU(s) "
+                    f"free per worker ({len(self._slots)} workers, cluster: {cpus:g} CPUs)?"
+                )
+        for ref, (job, slot, started) in list(self._inflight.items()):
+            if now >= started + self.sample_timeout_s:
+                del self._inflight[ref]
+                self._counts["timeouts"] += 1
+                self._replace(slot)
+                self._reissue(job, f"no result within the sample timeout of {self.sample_timeout_s:g} s")
+
+    def _replace(self, slot: _Slot) -> None:
+        """Kill the actor for good (its partial episode is lost with it) and start a fresh one."""
+        ray.kill(slot.actor, no_restart=True)
+        slot.actor = self._spawn(slot.index)
+        slot.restarts, slot.incarnation, slot.killed = 0, None, None
+        self._await_start(slot)
+        self._counts["replaced"] += 1
+
+    def _reissue(self, job: _Job, error: str) -> None:
+        job.attempts += 1
+        job.errors.append(error)
+        if job.attempts >= self.max_attempts:
+            raise RuntimeError(
+                f"episode {job.task} failed {job.attempts} times (max_attempts={self.max_attempts}); "
+                f"errors: {job.errors}"
+            )
+        self._counts["reissued"] += 1
+        self._queue.appendleft(job)

@@ -1,0 +1,95 @@
+"""Fault injection for backend tests: an environment that raises, crashes or hangs.
+
+:func:`faulty_env` wraps a registered environment and, at primitive step ``at_step`` of
+an episode, claims a *fault token* from ``fault_dir`` (a file, claimed by deleting it,
+so each token fires exactly once across processes and restarts). A claimed token
+raises :class:`InjectedFault` (mode ``raise``), kills the process (``exit``) or sleeps
+forever (``hang``). Tokens made by :func:`arm_faults` for worker ``w`` fire only in the
+process whose ``GYRE_MA_WORKER_ID`` is ``w`` (set by Ray rollout actors).
+With no token left the wrapper is transparent: same observations, milestones, rewards.
+
+Lives in the package (not under tests/) so that Ray workers can import it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from gyre_ma.envs.registry import make_env
+
+WORKER_ID_ENV = "GYRE_MA_WORKER_ID"
+FaultMode = Literal["raise", "exit", "hang"]
+
+
+class InjectedFault(RuntimeError):
+    """The fault a test asked for."""
+
+
+def arm_faults(fault_dir: str | Path, n: int, *, mode: FaultMode = "raise", worker: int | None = None) -> list[Path]:
+    """Create ``n`` fault tokens of one mode, for one worker index or (``None``) any process."""
+    if mode not in ("raise", "exit", "hang"):
+        raise ValueError(f"mode must be raise, exit or hang, got {mode!r}")
+    d = Path(fault_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    who = "any" if worker is None else f"w{worker}"
+    paths = []
+    for _ in range(n):
+        path = d / f"{who}-{uuid.uuid4().hex}.token"
+        path.write_text(mode)
+        paths.append(path)
+    return paths
+
+
+def tokens_left(fault_dir: str | Path) -> int:
+    return len(list(Path(fault_dir).glob("*.token")))
+
+
+class FaultyEnv:
+    """Delegates everything to the wrapped env; ``step`` may fire a fault."""
+
+    def __init__(self, env: Any, *, fault_dir: str, at_step: int) -> None:
+        self.env, self.fault_dir, self.at_step = env, Path(fault_dir), at_step
+        self._steps = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["env"], name)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self._steps = 0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        self._steps += 1
+        mode = self._claim() if self._steps == self.at_step else None
+        if mode == "raise":
+            raise InjectedFault(f"injected fault at step {self._steps} in worker {self._worker()}")
+        if mode == "exit":
+            os._exit(17)
+        while mode == "hang":
+            time.sleep(60)
+        return self.env.step(actions)
+
+    def _worker(self) -> str:
+        return os.environ.get(WORKER_ID_ENV, "0")
+
+    def _claim(self) -> str | None:
+        """The mode of a token this process claimed, or None."""
+        for pattern in (f"w{self._worker()}-*.token", "any-*.token"):
+            for token in sorted(self.fault_dir.glob(pattern)):
+                try:
+                    mode = token.read_text()
+                    token.unlink()
+                except FileNotFoundError:  # another process claimed it first
+                    continue
+                return mode
+        return None
+
+
+def faulty_env(*, base: str = "workflow_v0", fault_dir: str, at_step: int = 5, **kwargs: Any) -> FaultyEnv:
+    """``env.id: gyre_ma.backends.testing:faulty_env`` with ``env.kwargs`` {base, fault_dir,
+    at_step, ...the base env's own kwargs}; set ``library`` to the base env's library."""
+    return FaultyEnv(make_env(base, **kwargs), fault_dir=fault_dir, at_step=at_step)

@@ -1,0 +1,207 @@
+"""Reward-hacking alarms over a window of iterations.
+
+A policy that hacks its reward gets *more reward without more verified completion*. Three
+signatures, each a pure function over a metrics history (a list of per-iteration dicts,
+oldest first), comparing the mean of the window's second half with its first half:
+
+- ``reward_without_completion`` — total reward rose (relatively, by ``reward_rise``)
+  while verified completion did not rise (by more than ``completion_rise``);
+- ``calls_without_completion`` — option calls (or tool calls) per episode rose while
+  completion did not;
+- ``rules_without_success`` — rules certified far more episodes than succeeded: the mean
+  ``rule_pay_rate`` exceeded the mean success rate by more than ``rule_margin``.
+
+Missing or non-finite values, or fewer than ``window`` iterations, raise no alarm.
+:class:`HackingMonitor` keeps the history, reports which alarms hold each iteration and
+logs each time one starts to hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger("gyre_ma.rewards")
+
+History = Sequence[Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class Alarm:
+    name: str
+    message: str
+    values: dict[str, float] = field(default_factory=dict)
+    iteration: int | None = None
+
+
+def _series(history: History, key: str, window: int) -> list[float] | None:
+    tail = list(history)[-window:]
+    if len(tail) < window:
+        return None
+    values = [m.get(key, math.nan) for m in tail]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values]
+
+
+def halves(values: Sequence[float]) -> tuple[float, float]:
+    """Means of the first and second half of ``values`` (the middle one goes to neither
+    when the length is odd)."""
+    if len(values) < 2:
+        raise ValueError(f"halves: need at least 2 values, got {len(values)}")
+    k = len(values) // 2
+    first, second = values[:k], values[len(values) - k:]
+    return sum(first) / k, sum(second) / k
+
+
+def rose(values: Sequence[float], *, relative: float, floor: float = 1.0) -> tuple[bool, float, float]:
+    """Whether the second-half mean exceeds the first-half mean by ``relative`` × max(|first|,
+    ``floor``); returns (rose, first, second)."""
+    a, b = halves(values)
+    return b - a > relative * max(abs(a), floor), a, b
+
+
+def _flat(values: Sequence[float], completion_rise: float) -> tuple[bool, float, float]:
+    a, b = halves(values)
+    return b - a <= completion_rise, a, b
+
+
+def reward_without_completion(history: History, *, window: int = 10, reward_key: str = "reward/total",
+                              completion_key: str = "success_rate", reward_rise: float = 0.25,
+                              completion_rise: float = 0.05, floor: float = 1.0) -> Alarm | None:
+    """Total reward up by ``reward_rise`` (relative) while completion rose ≤ ``completion_rise``."""
+    reward = _series(history, reward_key, window)
+    done = _series(history, completion_key, window)
+    if reward is None or done is None:
+        return None
+    up, r0, r1 = rose(reward, relative=reward_rise, floor=floor)
+    flat, c0, c1 = _flat(done, completion_rise)
+    if not (up and flat):
+        return None
+    return Alarm("reward_without_completion",
+                 f"{reward_key} rose {r0:.3g} -> {r1:.3g} over {window} iterations while "
+                 f"{completion_key} went {c0:.3g} -> {c1:.3g}",
+                 {"reward_before": r0, "reward_after": r1, "completion_before": c0, "completion_after": c1})
+
+
+def calls_without_completion(history: History, *, window: int = 10, calls_key: str = "option_calls",
+                             completion_key: str = "success_rate", calls_rise: float = 0.25,
+                             completion_rise: float = 0.05, floor: float = 1.0) -> Alarm | None:
+    """Calls per episode (``calls_key``: option or tool calls) up by ``calls_rise`` (relative)
+    while completion rose ≤ ``completion_rise``."""
+    calls = _series(history, calls_key, window)
+    done = _series(history, completion_key, window)
+    if calls is None or done is None:
+        return None
+    up, a0, a1 = rose(calls, relative=calls_rise, floor=floor)
+    flat, c0, c1 = _flat(done, completion_rise)
+    if not (up and flat):
+        return None
+    return Alarm(f"{calls_key}_without_completion",
+                 f"{calls_key} per episode rose {a0:.3g} -> {a1:.3g} over {window} iterations while "
+                 f"{completion_key} went {c0:.3g} -> {c1:.3g}",
+                 {"calls_before": a0, "calls_after": a1, "completion_before": c0, "completion_after": c1})
+
+
+def rules_without_success(history: History, *, window: int = 10, rule_key: str = "rule_pay_rate",
+                          completion_key: str = "success_rate", margin: float = 0.5) -> Alarm | None:
+    """Rules paid in more than ``margin`` more of the episodes than succeeded, on average."""
+    rules = _series(history, rule_key, window)
+    done = _series(history, completion_key, window)
+    if rules is None or done is None:
+        return None
+    r, c = sum(rules) / window, sum(done) / window
+    if r - c <= margin:
+        return None
+    return Alarm("rules_without_success",
+                 f"{rule_key} {r:.3g} exceeds {completion_key} {c:.3g} by more than {margin} "
+                 f"over {window} iterations",
+                 {"rule_rate": r, "completion": c})
+
+
+class AlarmConfig(BaseModel):
+    """Reward-hacking alarms (``rewards.alarms``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    window: int = Field(10, ge=2)
+    """Iterations compared (first half against second half)."""
+    reward_rise: float = Field(0.25, gt=0.0)
+    """Relative rise of total reward that counts as rising."""
+    calls_rise: float = Field(0.25, gt=0.0)
+    """Relative rise of option or tool calls per episode that counts as rising."""
+    completion_rise: float = Field(0.05, ge=0.0, le=1.0)
+    """Rise of verified completion (absolute) at or below which it counts as flat."""
+    rule_margin: float = Field(0.5, gt=0.0, le=1.0)
+    """How far rule pay rate may exceed success rate before the alarm."""
+    floor: float = Field(1.0, gt=0.0)
+    """Smallest baseline a relative rise is measured against (avoids alarms near 0)."""
+    completion_key: str = "success_rate"
+    """Metric holding verified completion."""
+    reward_key: str = "reward/total"
+    """Metric holding total (arbitrated) reward per episode."""
+    calls_keys: tuple[str, ...] = ("option_calls", "tool_calls")
+    """Metrics holding calls per episode (absent ones are skipped)."""
+    rule_key: str = "rule_pay_rate"
+    """Metric holding the rate at which rules certify episodes."""
+
+
+class HackingMonitor:
+    """Keeps the metrics history and evaluates every alarm each iteration."""
+
+    def __init__(self, config: AlarmConfig | None = None) -> None:
+        self.config = config or AlarmConfig()
+        self.history: list[dict[str, float]] = []
+        self.active: set[str] = set()
+        self.fired: list[Alarm] = []
+        """Each alarm at the iteration it started to hold."""
+
+    def check(self, history: History) -> list[Alarm]:
+        """Alarms holding on ``history`` (pure: no state change)."""
+        c = self.config
+        found = [
+            reward_without_completion(history, window=c.window, reward_key=c.reward_key,
+                                      completion_key=c.completion_key, reward_rise=c.reward_rise,
+                                      completion_rise=c.completion_rise, floor=c.floor),
+            rules_without_success(history, window=c.window, rule_key=c.rule_key,
+                                  completion_key=c.completion_key, margin=c.rule_margin),
+        ]
+        found += [calls_without_completion(history, window=c.window, calls_key=k,
+                                           completion_key=c.completion_key, calls_rise=c.calls_rise,
+                                           completion_rise=c.completion_rise, floor=c.floor)
+                  for k in c.calls_keys]
+        return [a for a in found if a is not None]
+
+    def update(self, metrics: Mapping[str, float], iteration: int | None = None) -> list[Alarm]:
+        """Append one iteration's metrics; return the alarms holding now."""
+        self.history.append({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+        self.history = self.history[-4 * self.config.window:]
+        at = iteration if iteration is not None else int(metrics.get("iteration", len(self.history) - 1))
+        alarms = [Alarm(a.name, a.message, a.values, at) for a in self.check(self.history)]
+        names = {a.name for a in alarms}
+        for a in alarms:
+            if a.name not in self.active:
+                self.fired.append(a)
+                log.warning("reward-hacking alarm %s at iteration %s: %s", a.name, at, a.message)
+        self.active = names
+        return alarms
+
+    def metrics(self) -> dict[str, float]:
+        """``alarm/<name>`` = 1.0 for every alarm holding now, and the count."""
+        out = {f"alarm/{n}": 1.0 for n in sorted(self.active)}
+        out["alarm/active"] = float(len(self.active))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history), "active": sorted(self.active),
+                "fired": [asdict(a) for a in self.fired]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history = [dict(m) for m in state["history"]]
+        self.active = set(state["active"])
+        self.fired = [Alarm(**a) for a in state["fired"]]

@@ -1,0 +1,158 @@
+"""Arbitration: one fixed order turns the reward sources of an option call into its reward.
+
+    guard veto  >  verified outcome  >  milestones and rules  >  PRM
+
+1. **Guard veto.** If any guard rule was violated in the episode, every positive part of
+   every call's reward is removed (outcome included) and each violating call is charged
+   ``guard_penalty``. Nothing below can undo it.
+2. **Verified outcome.** A successful episode (every goal verified on env state) pays
+   ``outcome_scale`` × the goals' task-graph reward on each agent's last call. Only
+   verification sets it. In a *failed* episode each agent's positive shaping (milestones,
+   rules, PRM) is scaled down to at most ``failure_cap`` × that outcome reward, so no
+   failure is ever worth as much as a verified success, however many rules it passes.
+3. **Milestones and rules.** Milestones first verified during a call pay their graph
+   weight × ``milestone_scale``; process rules pay their weight where they pass (and
+   their milestone progressed).
+4. **PRM.** Last and least: ``min(prm_weight, prm_weight_cap)`` × the drift monitor's
+   scale × (score − batch mean score), so |PRM part| ≤ ``prm_weight_cap``, which must be
+   below the smallest milestone reward.
+
+The parts stay in the call's :class:`RewardBreakdown`; ``total`` is their sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.rewards.alarms import AlarmConfig
+from gyre_ma.rewards.breakdown import RewardBreakdown
+from gyre_ma.rewards.drift import DriftConfig
+from gyre_ma.rewards.milestones import last_calls, milestone_rewards
+from gyre_ma.rewards.prm import PRMConfig
+from gyre_ma.rewards.rules import RuleResults, RuleSpec
+from gyre_ma.rollout import Trajectory
+
+
+class RewardConfig(BaseModel):
+    """Verified rewards (the ``rewards:`` section of an experiment config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    outcome_scale: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    """Multiplies the goals' task-graph reward; paid on each agent's last call of a verified success."""
+    milestone_scale: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    """Multiplies each milestone's task-graph ``reward``, paid on its first verification."""
+    guard_penalty: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    """Charged (as −penalty) to each call a guard violation is attributed to. Without it a
+    veto only removes reward, which teaches nothing when every episode is vetoed."""
+    failure_cap: float | None = Field(0.8, ge=0.0, le=1.0)
+    """In a failed episode, an agent's positive shaping is capped at this fraction of the
+    outcome reward (None: no cap)."""
+    prm_weight: float = Field(0.1, ge=0.0, allow_inf_nan=False)
+    """Weight of the PRM part (before the cap and the drift monitor's cut)."""
+    prm_weight_cap: float = Field(0.2, ge=0.0, allow_inf_nan=False)
+    """Hard cap on the PRM weight; must stay below the smallest milestone reward."""
+    rules: list[RuleSpec] | str = Field(default_factory=list)
+    """Rules (see ``gyre_ma.rewards.rules``), or a YAML file holding them."""
+    snapshot: str | None = None
+    """``module:callable`` (env → mapping) adding env-specific state keys for rules."""
+    prm: PRMConfig = Field(default_factory=PRMConfig)
+    """Training of the process reward model."""
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+    """The PRM drift monitor."""
+    alarms: AlarmConfig = Field(default_factory=AlarmConfig)
+    """Reward-hacking alarms."""
+
+    @model_validator(mode="after")
+    def _unique_rule_names(self) -> RewardConfig:
+        if isinstance(self.rules, list):
+            seen: set[str] = set()
+            for i, r in enumerate(self.rules):
+                if r.name in seen:
+                    raise ValueError(f"rules[{i}]: rule name {r.name!r} is used twice")
+                seen.add(r.name)
+        return self
+
+    @property
+    def effective_prm_weight(self) -> float:
+        """The PRM weight after the cap (before drift)."""
+        return min(self.prm_weight, self.prm_weight_cap)
+
+
+def outcome_reward(graph: TaskGraph, config: RewardConfig) -> float:
+    """What a verified success pays each agent's last call."""
+    return config.outcome_scale * sum(graph.milestone(g).reward for g in graph.goals)
+
+
+def check_prm_cap(graph: TaskGraph, config: RewardConfig) -> None:
+    """PRM below milestones: the PRM cap must be under the smallest positive milestone reward."""
+    weights = [config.milestone_scale * m.reward for m in graph.milestones
+               if m.name not in graph.goals and m.reward > 0]
+    if weights and config.prm_weight > 0 and config.prm_weight_cap >= min(weights):
+        raise ValueError(
+            f"rewards.prm_weight_cap ({config.prm_weight_cap}) must be below the smallest milestone "
+            f"reward ({min(weights)} = graph reward x milestone_scale {config.milestone_scale}) so the "
+            "PRM never outweighs a verified milestone"
+        )
+
+
+def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardConfig, *,
+                     rules: RuleResults | None = None,
+                     prm: Sequence[float] | None = None) -> list[RewardBreakdown]:
+    """The arbitrated breakdown of each call of ``trajectory`` (aligned with its calls).
+
+    ``rules`` comes from :meth:`RuleEngine.end_episode`; ``prm`` is the PRM part per call,
+    already weighted (:func:`gyre_ma.rewards.prm.prm_rewards`). Both default to nothing.
+    """
+    calls = trajectory.calls
+    n = len(calls)
+    rules = rules if rules is not None else RuleResults.empty(n)
+    prm = list(prm) if prm is not None else [0.0] * n
+    for name, got in (("rules.process", len(rules.process)), ("prm", len(prm))):
+        if got != n:
+            raise ValueError(f"score_trajectory: {name} has {got} entries; expected {n}, one per call")
+    goal = outcome_reward(graph, config)
+    last = set(last_calls(trajectory))
+    milestones = milestone_rewards(trajectory, graph, scale=config.milestone_scale)
+    parts = []
+    for i in range(n):
+        sources = [f"milestone:{m}" for m in milestones[i][1]] + [f"rule:{r}" for r in rules.paid[i]]
+        outcome = goal if trajectory.success and i in last else 0.0
+        if outcome:
+            sources.insert(0, "outcome")
+        if prm[i]:
+            sources.append("prm")
+        parts.append({"outcome": outcome, "milestone": milestones[i][0], "rules": rules.process[i],
+                      "prm": float(prm[i]), "removed": 0.0, "sources": sources})
+
+    if rules.vetoed:  # 1. guard veto
+        for i, p in enumerate(parts):
+            for k in ("outcome", "milestone", "rules", "prm"):
+                if p[k] > 0:
+                    p["removed"] += p[k]
+                    p[k] = 0.0
+            p["sources"].append("veto")
+    elif not trajectory.success and config.failure_cap is not None:  # 2. outcome dominates
+        limit = config.failure_cap * goal
+        for agent in {c.agent for c in calls}:
+            rows = [i for i, c in enumerate(calls) if c.agent == agent]
+            positive = sum(max(parts[i][k], 0.0) for i in rows for k in ("milestone", "rules", "prm"))
+            if positive > limit:
+                factor = limit / positive
+                for i in rows:
+                    for k in ("milestone", "rules", "prm"):
+                        if parts[i][k] > 0:
+                            parts[i]["removed"] += parts[i][k] * (1.0 - factor)
+                            parts[i][k] *= factor
+                    parts[i]["sources"].append("cap")
+    out = []
+    for i, p in enumerate(parts):
+        penalty = -config.guard_penalty * len(rules.penalized[i])
+        sources = p["sources"] + [f"guard:{g}" for g in rules.penalized[i]]
+        out.append(RewardBreakdown.of(outcome=p["outcome"], milestone=p["milestone"], rules=p["rules"],
+                                      prm=p["prm"], penalty=penalty, guard=rules.vetoed,
+                                      removed=p["removed"], sources=sources))
+    return out

@@ -1,0 +1,50 @@
+"""Milestone rewards: a milestone pays its task-graph weight once per episode, on the
+option calls during which it was first verified on environment state.
+
+The only input is ``Trajectory.milestone_steps`` (the first step each milestone's
+predicate held, recorded by the rollout from ``env.verified_milestones()``) and the
+calls' step intervals — never what an option or an agent claims. A call that started at
+step ``s`` and ran ``d`` steps covers the steps ``s+1 … s+d``; every agent's call that
+covers the first verification is credited (the team reward convention of the envs, which
+pay every agent). Milestones already holding at reset (step 0) pay nothing: nobody
+achieved them.
+"""
+
+from __future__ import annotations
+
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.rollout import OptionCall, Trajectory
+
+
+def covers(call: OptionCall, step: int) -> bool:
+    """Whether ``step`` (a step counter after ``env.step``) fell inside ``call``."""
+    return call.start_step < step <= call.start_step + call.duration
+
+
+def first_verified(trajectory: Trajectory) -> list[tuple[str, ...]]:
+    """Per call (aligned with ``trajectory.calls``), the milestones first verified during it."""
+    firsts = sorted(trajectory.milestone_steps.items(), key=lambda kv: (kv[1], kv[0]))
+    return [tuple(m for m, s in firsts if covers(c, s)) for c in trajectory.calls]
+
+
+def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float = 1.0,
+                      include_goals: bool = False) -> list[tuple[float, tuple[str, ...]]]:
+    """Per call, the milestone reward and the milestones that paid it.
+
+    Weights are the graph nodes' ``reward`` times ``scale``. Goals are left out unless
+    ``include_goals``: the verified outcome pays for them (see :mod:`.arbiter`), and a
+    part of the breakdown should have one source.
+    """
+    out = []
+    for names in first_verified(trajectory):
+        paid = tuple(m for m in names if m in graph and (include_goals or m not in graph.goals))
+        out.append((scale * sum(graph.milestone(m).reward for m in paid), paid))
+    return out
+
+
+def last_calls(trajectory: Trajectory) -> list[int]:
+    """Index of each agent's last call (the calls running when the episode ended)."""
+    last: dict[str, int] = {}
+    for i, c in enumerate(trajectory.calls):
+        last[c.agent] = i
+    return sorted(last.values())

@@ -1,0 +1,126 @@
+"""Process reward model: a small learned scorer of option calls, trained online on labels
+taken from verified outcomes only.
+
+For a call (the manager's features at the decision [N, F] and the chosen option [N]) it
+predicts two probabilities: ``progress`` — a milestone is first verified during the call
+(its segment reaches a milestone) — and ``success`` — the episode verifies its goal. Its
+score is their mean. The arbiter pays it last and least (see :mod:`.arbiter`): centred
+on the batch so it only ranks calls and never adds net reward, and weighted by at most
+``prm_weight_cap``, cut further by the drift monitor (:mod:`.drift`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor, nn
+
+from gyre_ma import batch as B
+from gyre_ma.rewards.milestones import first_verified
+from gyre_ma.rollout import Trajectory
+
+
+class PRMConfig(BaseModel):
+    """Training of the process reward model (``rewards.prm``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Train and use the PRM; off, its part of every breakdown is 0."""
+    hidden: int = Field(64, ge=4, le=4096)
+    """Width of its two hidden layers."""
+    lr: float = Field(1e-3, gt=0.0, le=1.0)
+    """Adam learning rate."""
+    epochs: int = Field(2, ge=1, le=100)
+    """Passes over each iteration's training calls."""
+    minibatch_size: int = Field(256, ge=1)
+    """Calls per gradient step."""
+    holdout_fraction: float = Field(0.25, ge=0.0, lt=1.0)
+    """Share of each iteration's episodes kept out of training to measure drift on."""
+
+
+class ProcessRewardModel(nn.Module):
+    """(features [N, F], option [N] long) → logits [N, 2] for (progress, success)."""
+
+    HEADS = ("progress", "success")
+
+    def __init__(self, features: int, n_options: int, *, hidden: int = 64) -> None:
+        super().__init__()
+        if features < 1 or n_options < 1:
+            raise ValueError(f"ProcessRewardModel: features ({features}) and n_options ({n_options}) must be >= 1")
+        self.n_options = n_options
+        self.net = nn.Sequential(
+            nn.Linear(features + n_options, hidden), nn.LayerNorm(hidden), nn.Tanh(),
+            nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, len(self.HEADS)),
+        )
+
+    def forward(self, features: Tensor, option: Tensor) -> Tensor:
+        if features.ndim != 2 or option.shape != features.shape[:1]:
+            raise ValueError(
+                f"ProcessRewardModel: expected features [N, F] and option [N], got "
+                f"{tuple(features.shape)} and {tuple(option.shape)}"
+            )
+        onehot = F.one_hot(option.long(), self.n_options).to(features.dtype)
+        return self.net(torch.cat([features, onehot], dim=-1))
+
+    @torch.no_grad()
+    def score(self, features: Tensor, option: Tensor) -> Tensor:
+        """Mean of the two predicted probabilities, [N] in (0, 1)."""
+        return self(features, option).sigmoid().mean(-1)
+
+    @torch.no_grad()
+    def probabilities(self, features: Tensor, option: Tensor) -> Tensor:
+        """[N, 2] predicted (progress, success) probabilities."""
+        return self(features, option).sigmoid()
+
+
+def prm_labels(trajectory: Trajectory) -> tuple[Tensor, Tensor]:
+    """(progress [n], success [n]) float labels for the trajectory's calls, from verified
+    milestones and the verified outcome only."""
+    progress = torch.tensor([float(bool(m)) for m in first_verified(trajectory)], dtype=torch.float32)
+    success = torch.full((len(trajectory.calls),), float(trajectory.success), dtype=torch.float32)
+    return progress, success
+
+
+def prm_rewards(scores: Tensor, *, weight: float) -> Tensor:
+    """``weight · (score − mean score)`` over the batch [N]: the PRM ranks calls but adds no
+    net reward, so making more calls cannot farm it. |reward| ≤ weight."""
+    if scores.ndim != 1:
+        raise ValueError(f"prm_rewards: scores must have shape [N], got {tuple(scores.shape)}")
+    if scores.numel() == 0 or weight == 0.0:
+        return torch.zeros_like(scores)
+    return weight * (scores - scores.mean())
+
+
+class PRMModule(L.LightningModule):
+    """Binary cross-entropy on both heads; manual optimisation like the other trainers.
+
+    Batch keys: ``FEATURES`` [N, F], ``OPTION`` [N], ``PROGRESS`` [N], ``SUCCESS`` [N].
+    """
+
+    def __init__(self, model: ProcessRewardModel, *, lr: float, max_grad_norm: float = 1.0) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.model = model
+        self.lr = lr
+        self.max_grad_norm = max_grad_norm
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.model.parameters(), lr=self.lr)
+
+    def training_step(self, batch: B.Batch, batch_idx: int = 0) -> dict[str, float]:
+        opt = self.optimizers()
+        logits = self.model(batch[B.FEATURES], batch[B.OPTION])
+        target = torch.stack([batch[B.PROGRESS], batch[B.SUCCESS]], dim=-1)
+        loss = F.binary_cross_entropy_with_logits(logits, target)
+        if not torch.isfinite(loss):
+            return {"prm_loss": math.nan, "prm_skipped": 1.0}
+        opt.zero_grad()
+        self.manual_backward(loss)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        opt.step()
+        return {"prm_loss": loss.item(), "prm_skipped": 0.0}

@@ -3,14 +3,22 @@
 Deterministic: same config, weights and tasks → identical trajectories. ``submit`` only
 queues (with a snapshot of the weights, so the learner may update in place meanwhile);
 ``poll`` plays queued episodes — so the async loop runs here too, just without overlap.
+
+Episodes run with ``torch`` limited to ``rollout_threads`` intra-op threads (restored
+afterwards): the manager's per-decision forward passes are tiny, and a thread pool
+sized for training makes them several times slower on a busy machine (as in the Ray
+actors, which run with one thread).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import torch
 
 from gyre_ma.agents.roles import Role, RolloutTask, RolloutWorker, RoleTrajectory, Weights
 from gyre_ma.backends.base import TaskLike, coerce_tasks
@@ -23,11 +31,28 @@ def snapshot(weights: Weights | None) -> dict[str, dict[str, Any]] | None:
     return {part: {k: v.detach().clone() for k, v in sd.items()} for part, sd in weights.items()}
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run a block with ``n`` torch intra-op threads (None: leave as is)."""
+    before = torch.get_num_threads()
+    if n is not None and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 class LocalBackend:
     name = "local"
 
-    def __init__(self, config: Any, *, roles: Mapping[str, Role] | None = None) -> None:
+    def __init__(self, config: Any, *, roles: Mapping[str, Role] | None = None,
+                 rollout_threads: int | None = 1) -> None:
+        if rollout_threads is not None and rollout_threads < 1:
+            raise ValueError(f"rollout_threads must be >= 1 or None, got {rollout_threads}")
         self.worker = RolloutWorker(config, worker_id=0, roles=roles)
+        self.rollout_threads = rollout_threads
         self._queue: deque[tuple[RolloutTask, int]] = deque()
         self._weights: dict[int, Weights | None] = {}
         self._episodes = 0
@@ -35,7 +60,8 @@ class LocalBackend:
 
     def collect(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> list[RoleTrajectory]:
         """Plays these tasks now; submitted ones stay queued for :meth:`poll`."""
-        return [self._play(t, weights, version) for t in coerce_tasks(tasks)]
+        with torch_threads(self.rollout_threads):
+            return [self._play(t, weights, version) for t in coerce_tasks(tasks)]
 
     def submit(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> None:
         self._weights.setdefault(version, snapshot(weights))
@@ -46,11 +72,12 @@ class LocalBackend:
         seconds have passed — at least one either way, when any is queued."""
         start = time.perf_counter()
         out = []
-        while self._queue:
-            task, version = self._queue.popleft()
-            out.append(self._play(task, self._weights[version], version))
-            if timeout is not None and time.perf_counter() - start >= timeout:
-                break
+        with torch_threads(self.rollout_threads):
+            while self._queue:
+                task, version = self._queue.popleft()
+                out.append(self._play(task, self._weights[version], version))
+                if timeout is not None and time.perf_counter() - start >= timeout:
+                    break
         live = {v for _, v in self._queue}
         self._weights = {v: w for v, w in self._weights.items() if v in live}
         return out

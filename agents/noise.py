@@ -1,0 +1,477 @@
+"""Exploration noise for the manager: parameter space (Plappert et al. 2018) or action space.
+
+**Parameter noise.** Once per episode the manager acts with a perturbed copy of its
+weights, θ̃ = θ + σ·ε, ε ~ N(0, I) (LayerNorm gains and biases left alone, as in the
+paper: the normalisation is what makes one σ meaningful across layers). σ itself is not a
+hyperparameter; it is adapted so that the distance between the perturbed and unperturbed
+option distributions, measured on recent decision states,
+
+    d(π, π̃) = E_s KL(π(·|s) ‖ π̃(·|s))    (masked options excluded),
+
+tracks a target δ:  σ ← σ·α if d < δ, else σ ← σ/α.  δ anneals over training
+(``linear``, ``cosine`` or ``exponential``), one schedule per role.
+
+**Action noise** (ε-greedy over the eligible options, or a softmax temperature) is the
+ablation baseline; :class:`ActionNoise` has the same interface and logs the same distance.
+
+The learner owns a noise object (σ, δ and its schedule position, a window of recent
+states); what travels to a rollout worker is its small, picklable :class:`NoiseSetting`.
+:class:`NoisyManager` turns a policy plus a setting into a :class:`~gyre_ma.rollout.Manager`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, StateScaler
+from gyre_ma.rollout import Choice, Decision
+
+ScheduleKind = Literal["constant", "linear", "cosine", "exponential"]
+NoiseKind = Literal["none", "param", "epsilon", "temperature"]
+
+
+# ---------------------------------------------------------------------------- schedules
+def anneal(*, start: float, end: float, progress: float, kind: ScheduleKind) -> float:
+    """Value of a schedule at ``progress`` ∈ [0, 1] (clamped): ``start`` at 0, ``end`` at 1."""
+    p = min(max(float(progress), 0.0), 1.0)
+    if kind == "constant":
+        return float(start)
+    if kind == "linear":
+        return start + (end - start) * p
+    if kind == "cosine":
+        return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * p))
+    if kind == "exponential":
+        if start <= 0 or end <= 0:
+            raise ValueError(f"exponential schedule needs start > 0 and end > 0, got start={start}, end={end}")
+        return start * (end / start) ** p
+    raise ValueError(f"schedule kind must be one of constant, linear, cosine, exponential; got {kind!r}")
+
+
+@dataclass(frozen=True)
+class AnnealSchedule:
+    """A target that moves from ``start`` to ``end`` over ``steps`` adaptations, then stays."""
+
+    start: float
+    end: float
+    steps: int = 1
+    kind: ScheduleKind = "linear"
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"schedule steps must be >= 1, got {self.steps}")
+        if self.start < 0 or self.end < 0:
+            raise ValueError(f"schedule values must be >= 0, got start={self.start}, end={self.end}")
+        anneal(start=self.start, end=self.end, progress=0.0, kind=self.kind)  # validates kind
+
+    @classmethod
+    def constant(cls, value: float) -> AnnealSchedule:
+        return cls(value, value, 1, "constant")
+
+    def __call__(self, position: int) -> float:
+        return anneal(start=self.start, end=self.end, progress=position / self.steps, kind=self.kind)
+
+
+def _schedule(target: AnnealSchedule | float) -> AnnealSchedule:
+    return target if isinstance(target, AnnealSchedule) else AnnealSchedule.constant(float(target))
+
+
+def epsilon_equivalent_delta(epsilon: float, n_options: int) -> float:
+    """δ giving the same KL as ε-greedy on a deterministic policy over ``n_options``:
+    −log(1 − ε + ε/n) (Plappert et al. 2018, §3 for DQN)."""
+    if not 0.0 <= epsilon < 1.0 or n_options < 1:
+        raise ValueError(f"need 0 <= epsilon < 1 and n_options >= 1, got {epsilon}, {n_options}")
+    return -math.log(1.0 - epsilon + epsilon / n_options)
+
+
+# ---------------------------------------------------------------------------- pure pieces
+def masked_kl(*, logits_p: Tensor, logits_q: Tensor, mask: Tensor) -> Tensor:
+    """KL(p ‖ q) per row over eligible options only.
+
+    logits_p, logits_q [B, K] (masked entries may hold any finite value), mask [B, K] bool
+    → [B]. Masked options have probability zero under both and contribute nothing.
+    """
+    if logits_p.shape != logits_q.shape or logits_p.shape != mask.shape:
+        raise ValueError(f"shapes differ: logits_p {tuple(logits_p.shape)}, logits_q "
+                         f"{tuple(logits_q.shape)}, mask {tuple(mask.shape)}")
+    neg = torch.finfo(logits_p.dtype).min
+    log_p = logits_p.masked_fill(~mask, neg).log_softmax(-1)
+    log_q = logits_q.masked_fill(~mask, neg).log_softmax(-1)
+    terms = log_p.exp() * (log_p - log_q)
+    return torch.where(mask, terms, torch.zeros_like(terms)).sum(-1)
+
+
+def _perturbable(policy: nn.Module, include_layernorm: bool) -> list[tuple[str, nn.Parameter]]:
+    skip: set[int] = set()
+    if not include_layernorm:
+        for module in policy.modules():
+            if isinstance(module, nn.LayerNorm):
+                skip.update(id(p) for p in module.parameters(recurse=False))
+    return [(n, p) for n, p in policy.named_parameters() if id(p) not in skip]
+
+
+@torch.no_grad()
+def perturb(policy: ManagerPolicy, *, sigma: float, generator: torch.Generator,
+            include_layernorm: bool = False, out: ManagerPolicy | None = None) -> ManagerPolicy:
+    """A copy of ``policy`` with N(0, σ²) added to every weight (LayerNorm parameters
+    excepted unless ``include_layernorm``). Deterministic given the generator's state.
+    ``out``, a module of the same shape, is overwritten and returned instead of a new copy
+    (a worker reuses one per episode rather than deep-copying the policy each time)."""
+    if sigma < 0:
+        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if out is None:
+        noisy = copy.deepcopy(policy)
+    else:
+        noisy = out
+        for dst, src in zip(noisy.state_dict().values(), policy.state_dict().values(), strict=True):
+            dst.copy_(src)
+    for _, p in _perturbable(noisy, include_layernorm):
+        p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * sigma)
+    return noisy
+
+
+@torch.no_grad()
+def policy_distance(reference: ManagerPolicy, other: ManagerPolicy, *, features: Tensor, agent: Tensor,
+                    mask: Tensor) -> float:
+    """Mean masked KL(reference ‖ other) over states: features [N, F], agent [N], mask [N, K]."""
+    kl = masked_kl(logits_p=reference(features, agent, mask), logits_q=other(features, agent, mask), mask=mask)
+    return float(kl.mean())
+
+
+def behaviour_logits(logits: Tensor, mask: Tensor, setting: NoiseSetting) -> Tensor:
+    """Log-probabilities the behaviour policy samples from, given the (possibly perturbed)
+    policy's masked logits [B, K]: ε-greedy mixes in the uniform over eligible options,
+    a temperature rescales the logits; masked options keep log-probability −inf."""
+    if setting.kind == "epsilon" and setting.scale > 0:
+        probs = logits.softmax(-1)
+        uniform = mask.float() / mask.sum(-1, keepdim=True).clamp_min(1)
+        probs = (1.0 - setting.scale) * probs + setting.scale * uniform
+        out = probs.log()
+    elif setting.kind == "temperature" and setting.scale > 0:
+        out = (logits / setting.scale).log_softmax(-1)
+    else:
+        out = logits.log_softmax(-1)
+    return out.masked_fill(~mask, -math.inf)
+
+
+# ---------------------------------------------------------------------------- what travels
+@dataclass(frozen=True)
+class NoiseSetting:
+    """One episode's exploration, as sent to a rollout worker: σ for ``param``, ε for
+    ``epsilon``, τ for ``temperature``; ``none`` acts with the policy itself."""
+
+    kind: NoiseKind = "none"
+    scale: float = 0.0
+    include_layernorm: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "param", "epsilon", "temperature"):
+            raise ValueError(f"noise kind must be none, param, epsilon or temperature; got {self.kind!r}")
+        if self.scale < 0 or not math.isfinite(self.scale):
+            raise ValueError(f"noise scale must be a finite number >= 0, got {self.scale}")
+        if self.kind == "epsilon" and self.scale > 1:
+            raise ValueError(f"epsilon must be in [0, 1], got {self.scale}")
+        if self.kind == "temperature" and self.scale == 0:
+            raise ValueError("temperature must be > 0")
+
+
+NO_NOISE = NoiseSetting()
+
+
+# ---------------------------------------------------------------------------- recent states
+class RecentStates:
+    """Ring buffer of the last ``capacity`` decision states the distance is measured on."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.features: Tensor | None = None
+        self.agent: Tensor | None = None
+        self.mask: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.features is None else int(self.features.shape[0])
+
+    def add(self, features: Tensor, agent: Tensor, mask: Tensor) -> None:
+        """features [N, F] float, agent [N] long, mask [N, K] bool."""
+        features, agent, mask = (torch.as_tensor(x) for x in (features, agent, mask))
+        if features.ndim != 2 or agent.shape != features.shape[:1] or mask.shape[:1] != features.shape[:1]:
+            raise ValueError(f"expected features [N, F], agent [N], mask [N, K]; got {tuple(features.shape)}, "
+                             f"{tuple(agent.shape)}, {tuple(mask.shape)}")
+        features, agent, mask = features.detach().float(), agent.long(), mask.bool()
+        if self.features is not None:
+            features = torch.cat([self.features, features])
+            agent = torch.cat([self.agent, agent])
+            mask = torch.cat([self.mask, mask])
+        self.features, self.agent, self.mask = (x[-self.capacity:].clone() for x in (features, agent, mask))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "features": self.features, "agent": self.agent, "mask": self.mask}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.capacity = int(state["capacity"])
+        self.features, self.agent, self.mask = state["features"], state["agent"], state["mask"]
+
+
+# ---------------------------------------------------------------------------- learner side
+@runtime_checkable
+class Exploration(Protocol):
+    """What the learner keeps per role: a setting for the next episodes, a window of
+    recent states, and a once-per-iteration ``update`` that anneals and adapts."""
+
+    def setting(self) -> NoiseSetting: ...
+
+    def observe(self, features: Tensor, agent: Tensor, mask: Tensor) -> None: ...
+
+    def update(self, policy: ManagerPolicy) -> dict[str, float]: ...
+
+    def metrics(self, prefix: str = "noise") -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class ParamNoise:
+    """Adaptive parameter-space noise: σ tracks an annealed KL target δ."""
+
+    def __init__(self, target: AnnealSchedule | float = 0.05, *, initial_sigma: float = 0.05,
+                 adaptation: float = 1.01, adapt_steps: int = 1, min_sigma: float = 1e-6,
+                 max_sigma: float = 10.0, window: int = 1024, include_layernorm: bool = False,
+                 seed: int = 0) -> None:
+        """``adaptation`` is α (1.01 in the paper, which adapts every few dozen env steps);
+        ``adapt_steps`` adaptations run per :meth:`update` (once per iteration here), so
+        σ can move by up to α^adapt_steps per iteration."""
+        if adaptation <= 1.0:
+            raise ValueError(f"adaptation coefficient α must be > 1, got {adaptation}")
+        if adapt_steps < 1:
+            raise ValueError(f"adapt_steps must be >= 1, got {adapt_steps}")
+        if not 0 < min_sigma <= initial_sigma <= max_sigma:
+            raise ValueError(f"need 0 < min_sigma <= initial_sigma <= max_sigma, got "
+                             f"{min_sigma}, {initial_sigma}, {max_sigma}")
+        self.schedule = _schedule(target)
+        self.sigma = float(initial_sigma)
+        self.adaptation = float(adaptation)
+        self.adapt_steps = adapt_steps
+        self.min_sigma, self.max_sigma = float(min_sigma), float(max_sigma)
+        self.include_layernorm = include_layernorm
+        self.states = RecentStates(window)
+        self.position = 0
+        """Schedule position: updates done so far."""
+        self.distance = math.nan
+        """Last measured d(π, π̃); NaN before the first measurement."""
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def target(self) -> float:
+        """δ at the current schedule position."""
+        return self.schedule(self.position)
+
+    def setting(self) -> NoiseSetting:
+        return NoiseSetting("param", self.sigma, self.include_layernorm)
+
+    def observe(self, features: Tensor, agent: Tensor, mask: Tensor) -> None:
+        self.states.add(features, agent, mask)
+
+    def perturb(self, policy: ManagerPolicy, generator: torch.Generator | None = None) -> ManagerPolicy:
+        return perturb(policy, sigma=self.sigma, generator=generator or self.generator,
+                       include_layernorm=self.include_layernorm)
+
+    def measure(self, policy: ManagerPolicy) -> float:
+        """d(π, π̃) for a fresh perturbation at the current σ, on the recent states."""
+        if not len(self.states):
+            return math.nan
+        return policy_distance(policy, self.perturb(policy), features=self.states.features,
+                               agent=self.states.agent, mask=self.states.mask)
+
+    def adapt(self, policy: ManagerPolicy) -> float:
+        """One adaptation step towards the current δ; returns the measured distance."""
+        d = self.measure(policy)
+        if not math.isnan(d):
+            self.sigma *= self.adaptation if d < self.target else 1.0 / self.adaptation
+            self.sigma = min(max(self.sigma, self.min_sigma), self.max_sigma)
+            self.distance = d
+        return d
+
+    def update(self, policy: ManagerPolicy) -> dict[str, float]:
+        """Once per iteration: adapt σ to the current δ, then advance the schedule."""
+        for _ in range(self.adapt_steps):
+            self.adapt(policy)
+        self.position += 1
+        return self.metrics()
+
+    def metrics(self, prefix: str = "noise") -> dict[str, float]:
+        return {f"{prefix}/sigma": self.sigma, f"{prefix}/delta": self.target, f"{prefix}/distance": self.distance}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "param", "sigma": self.sigma, "position": self.position, "distance": self.distance,
+                "generator": self.generator.get_state(), "states": self.states.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("kind") != "param":
+            raise ValueError(f"expected a ParamNoise state, got kind {state.get('kind')!r}")
+        self.sigma, self.position = float(state["sigma"]), int(state["position"])
+        self.distance = float(state["distance"])
+        self.generator.set_state(state["generator"])
+        self.states.load_state_dict(state["states"])
+
+
+class ActionNoise:
+    """The ablation baseline: ε-greedy over eligible options, or a softmax temperature,
+    annealed by a schedule. Logs the same distance d(π, behaviour) for comparison."""
+
+    def __init__(self, kind: Literal["epsilon", "temperature"] = "epsilon",
+                 schedule: AnnealSchedule | float = 0.1, *, window: int = 1024) -> None:
+        if kind not in ("epsilon", "temperature"):
+            raise ValueError(f"action noise kind must be epsilon or temperature, got {kind!r}")
+        self.kind = kind
+        self.schedule = _schedule(schedule)
+        self.states = RecentStates(window)
+        self.position = 0
+        self.distance = math.nan
+        self.setting()  # validates the schedule's first value
+
+    @property
+    def scale(self) -> float:
+        return self.schedule(self.position)
+
+    def setting(self) -> NoiseSetting:
+        return NoiseSetting(self.kind, self.scale)
+
+    def observe(self, features: Tensor, agent: Tensor, mask: Tensor) -> None:
+        self.states.add(features, agent, mask)
+
+    @torch.no_grad()
+    def measure(self, policy: ManagerPolicy) -> float:
+        if not len(self.states):
+            return math.nan
+        s = self.states
+        logits = policy(s.features, s.agent, s.mask)
+        noisy = behaviour_logits(logits, s.mask, self.setting())
+        noisy = noisy.masked_fill(~s.mask, 0.0)
+        return float(masked_kl(logits_p=logits, logits_q=noisy, mask=s.mask).mean())
+
+    def update(self, policy: ManagerPolicy) -> dict[str, float]:
+        d = self.measure(policy)
+        if not math.isnan(d):
+            self.distance = d
+        self.position += 1
+        return self.metrics()
+
+    def metrics(self, prefix: str = "noise") -> dict[str, float]:
+        return {f"{prefix}/{self.kind}": self.scale, f"{prefix}/distance": self.distance}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "position": self.position, "distance": self.distance,
+                "states": self.states.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("kind") != self.kind:
+            raise ValueError(f"expected an ActionNoise({self.kind!r}) state, got kind {state.get('kind')!r}")
+        self.position, self.distance = int(state["position"]), float(state["distance"])
+        self.states.load_state_dict(state["states"])
+
+
+class NoNoise:
+    """Acts with the policy itself (greedy validation, on-policy executors without noise)."""
+
+    def setting(self) -> NoiseSetting:
+        return NO_NOISE
+
+    def observe(self, features: Tensor, agent: Tensor, mask: Tensor) -> None:
+        return None
+
+    def update(self, policy: ManagerPolicy) -> dict[str, float]:
+        return {}
+
+    def metrics(self, prefix: str = "noise") -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "none"}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------- worker side
+class NoisyManager:
+    """The Manager protocol over a policy and one episode's noise.
+
+    ``noise`` is a :class:`NoiseSetting` or anything with ``setting()`` (a ParamNoise,
+    an ActionNoise). Build one per episode, or call :meth:`begin_episode` between
+    episodes: parameter noise draws its perturbation there. ``log_prob`` is the behaviour
+    policy's (perturbed or ε-mixed), as the PPO ratio needs; ``value`` comes from the
+    unperturbed critic (centralised when a ``state_scaler`` is given, as in
+    :class:`~gyre_ma.agents.manager.LearnedManager`); ``greedy`` ignores the noise and
+    takes the policy's argmax.
+    """
+
+    def __init__(self, policy: ManagerPolicy, featurizer: Featurizer,
+                 noise: NoiseSetting | Exploration | None = None, *, critic: Critic | None = None,
+                 seed: int = 0, greedy: bool = False, state_scaler: StateScaler | None = None,
+                 scratch: ManagerPolicy | None = None) -> None:
+        """``scratch``: a module shaped like ``policy`` to hold the perturbed weights
+        (overwritten each episode); default: a fresh copy per episode."""
+        self.policy, self.featurizer, self.critic = policy, featurizer, critic
+        self.scratch = scratch
+        self.noise = NO_NOISE if noise is None else noise if isinstance(noise, NoiseSetting) else noise.setting()
+        self.greedy, self.state_scaler = greedy, state_scaler
+        self.generator = torch.Generator()
+        self.begin_episode(seed)
+
+    def begin_episode(self, seed: int) -> None:
+        """Reseed; under parameter noise, draw this episode's perturbed weights."""
+        self.generator.manual_seed(int(seed))
+        n = self.noise
+        if n.kind == "param" and n.scale > 0 and not self.greedy:
+            self.acting = perturb(self.policy, sigma=n.scale, generator=self.generator,
+                                  include_layernorm=n.include_layernorm, out=self.scratch)
+        else:
+            self.acting = self.policy
+
+    @torch.no_grad()
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        features = torch.from_numpy(np.stack([self.featurizer(d) for d in decisions]))
+        agent = torch.tensor([d.agent_index for d in decisions], dtype=torch.long)
+        mask = torch.from_numpy(np.stack([d.mask for d in decisions]))
+        logits = self.acting(features, agent, mask)
+        if self.greedy:
+            log_probs = logits.log_softmax(-1).masked_fill(~mask, -math.inf)
+            options = log_probs.argmax(-1)
+        else:
+            log_probs = behaviour_logits(logits, mask, self.noise)
+            probs = log_probs.exp()
+            u = torch.rand(len(decisions), 1, generator=self.generator)
+            options = (probs.cumsum(-1) < u * probs.sum(-1, keepdim=True)).sum(-1).clamp_max(probs.shape[-1] - 1)
+            bad = ~mask.gather(1, options[:, None]).squeeze(1)  # float round-off past the last eligible
+            options = torch.where(bad, probs.argmax(-1), options)
+        chosen = log_probs.gather(1, options[:, None]).squeeze(1)
+        if self.critic is None:
+            values = torch.zeros(len(decisions))
+        elif self.state_scaler is not None:  # centralised critic: values the global state
+            state = torch.from_numpy(self.state_scaler(decisions[0].env.state()))
+            values = self.critic(state.expand(len(decisions), -1), agent)
+        else:
+            values = self.critic(features, agent)
+        return [Choice(int(o), float(lp), float(v)) for o, lp, v in zip(options, chosen, values, strict=True)]
+
+
+def make_exploration(kind: NoiseKind, target: AnnealSchedule | float, **kwargs: Any) -> Exploration:
+    """``param`` → :class:`ParamNoise` (``target`` is δ); ``epsilon``/``temperature`` →
+    :class:`ActionNoise` (``target`` is ε or τ); ``none`` → :class:`NoNoise`."""
+    if kind == "param":
+        return ParamNoise(target, **kwargs)
+    if kind in ("epsilon", "temperature"):
+        return ActionNoise(kind, target, **{k: v for k, v in kwargs.items() if k == "window"})
+    if kind == "none":
+        return NoNoise()
+    raise ValueError(f"noise kind must be none, param, epsilon or temperature; got {kind!r}")

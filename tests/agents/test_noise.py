@@ -1,0 +1,246 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre_ma.agents.manager import ManagerPolicy
+from gyre_ma.agents.noise import (
+    ActionNoise,
+    AnnealSchedule,
+    NoiseSetting,
+    NoisyManager,
+    ParamNoise,
+    anneal,
+    behaviour_logits,
+    epsilon_equivalent_delta,
+    make_exploration,
+    masked_kl,
+    perturb,
+)
+from gyre_ma.rollout import Decision
+
+F, K, A = 8, 6, 2
+
+
+def states(n: int = 256, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(n, K, generator=g) < 0.6
+    mask[:, 0] = True
+    return torch.randn(n, F, generator=g), torch.randint(0, A, (n,), generator=g), mask
+
+
+def policy(seed: int = 0) -> ManagerPolicy:
+    torch.manual_seed(seed)
+    return ManagerPolicy(F, K, A, hidden=32)
+
+
+@pytest.mark.parametrize("delta", [0.01, 0.1])
+def test_sigma_adapts_until_the_distance_tracks_the_target(delta):
+    pol = policy()
+    noise = ParamNoise(delta, initial_sigma=0.01, adaptation=1.05, seed=0)
+    noise.observe(*states(128))
+    distances = [noise.adapt(pol) for _ in range(200)]
+    # σ's random walk settles where half the draws fall below δ: the median tracks δ
+    assert 0.7 * delta <= float(np.median(distances[-80:])) <= 1.4 * delta
+    assert noise.metrics() == {"noise/sigma": noise.sigma, "noise/delta": delta, "noise/distance": distances[-1]}
+
+
+def test_a_larger_target_needs_a_larger_sigma():
+    pol, s = policy(), states(128)
+    sigmas = []
+    for delta in (0.01, 0.2):
+        noise = ParamNoise(delta, initial_sigma=0.05, adaptation=1.05, seed=0)
+        noise.observe(*s)
+        for _ in range(150):
+            noise.adapt(pol)
+        sigmas.append(noise.sigma)
+    assert sigmas[0] < sigmas[1]
+
+
+def test_no_states_means_no_measurement_and_no_adaptation():
+    noise = ParamNoise(0.1, initial_sigma=0.2)
+    assert math.isnan(noise.adapt(policy()))
+    assert noise.sigma == 0.2 and math.isnan(noise.distance)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine", "exponential"])
+def test_schedules_hit_their_endpoints_and_stay(kind):
+    sched = AnnealSchedule(0.3, 0.01, steps=50, kind=kind)
+    assert sched(0) == pytest.approx(0.3)
+    assert sched(50) == pytest.approx(0.01)
+    assert sched(500) == pytest.approx(0.01)
+    values = [sched(t) for t in range(51)]
+    assert all(a >= b - 1e-12 for a, b in zip(values, values[1:], strict=False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["linear", "cosine", "exponential"]), st.floats(1e-3, 1.0), st.floats(1e-3, 1.0),
+       st.floats(0.0, 1.0))
+def test_schedule_values_stay_between_endpoints(kind, start, end, p):
+    v = anneal(start=start, end=end, progress=p, kind=kind)
+    assert min(start, end) - 1e-9 <= v <= max(start, end) + 1e-9
+
+
+def test_noise_target_anneals_with_updates_and_roles_have_their_own_schedule():
+    pol = policy()
+    explorer = ParamNoise(AnnealSchedule(0.5, 0.1, steps=4, kind="cosine"))
+    executor = ParamNoise(AnnealSchedule(0.05, 0.001, steps=4, kind="exponential"))
+    for noise in (explorer, executor):
+        noise.observe(*states(32))
+        for _ in range(6):
+            metrics = noise.update(pol)
+    assert explorer.target == pytest.approx(0.1) and executor.target == pytest.approx(0.001)
+    assert metrics["noise/delta"] == pytest.approx(0.001)
+
+
+def test_bad_schedules_and_settings_are_rejected_with_the_value():
+    with pytest.raises(ValueError, match="exponential schedule needs start > 0"):
+        AnnealSchedule(0.1, 0.0, 10, "exponential")
+    with pytest.raises(ValueError, match="'warm'"):
+        AnnealSchedule(0.1, 0.0, 10, "warm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="epsilon must be in"):
+        NoiseSetting("epsilon", 1.5)
+    with pytest.raises(ValueError, match="adaptation coefficient"):
+        ParamNoise(0.1, adaptation=1.0)
+
+
+def test_perturbation_is_deterministic_given_a_seed_and_spares_layernorm():
+    pol = policy()
+    a = perturb(pol, sigma=0.1, generator=torch.Generator().manual_seed(7))
+    b = perturb(pol, sigma=0.1, generator=torch.Generator().manual_seed(7))
+    c = perturb(pol, sigma=0.1, generator=torch.Generator().manual_seed(8))
+    for (name, p), q, r, base in zip(a.named_parameters(), b.parameters(), c.parameters(), pol.parameters(),
+                                     strict=True):
+        assert torch.equal(p, q)
+        is_layernorm = isinstance(dict(a.named_modules())[name.rsplit(".", 1)[0]], torch.nn.LayerNorm)
+        assert torch.equal(p, base) == is_layernorm
+        if not is_layernorm:
+            assert not torch.equal(p, r)
+    with_ln = perturb(pol, sigma=0.1, generator=torch.Generator().manual_seed(7), include_layernorm=True)
+    assert not torch.equal(with_ln.body[1].weight, pol.body[1].weight)
+
+
+class _Identity:
+    """Featurizer stand-in: a decision's observation is already its feature vector."""
+
+    def __call__(self, d: Decision) -> np.ndarray:
+        return d.observation
+
+
+def _decisions(features, agent, mask):
+    return [Decision(f"agent_{int(a)}", int(a), f.numpy(), m.numpy(), frozenset(), -1, 0.0, None)
+            for f, a, m in zip(features, agent, mask, strict=True)]
+
+
+def test_noisy_manager_is_deterministic_given_its_seed():
+    pol, s = policy(), states(64)
+    ds = _decisions(*s)
+    setting = NoiseSetting("param", 0.5)
+    first = NoisyManager(pol, _Identity(), setting, seed=3).decide(ds)
+    again = NoisyManager(pol, _Identity(), setting, seed=3).decide(ds)
+    other = NoisyManager(pol, _Identity(), setting, seed=4).decide(ds)
+    assert first == again and first != other
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([NoiseSetting("param", 3.0), NoiseSetting("epsilon", 0.5), NoiseSetting("temperature", 5.0),
+                        NoiseSetting()]), st.integers(0, 2**16), st.data())
+def test_masked_options_keep_zero_probability_under_noise(setting, seed, data):
+    pol = policy()
+    n = data.draw(st.integers(1, 6))
+    mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=K, max_size=K), min_size=n, max_size=n)))
+    mask[torch.arange(n), torch.tensor(data.draw(st.lists(st.integers(0, K - 1), min_size=n, max_size=n)))] = True
+    features, agent = torch.randn(n, F) * 10, torch.zeros(n, dtype=torch.long)
+    manager = NoisyManager(pol, _Identity(), setting, seed=seed)
+    log_probs = behaviour_logits(manager.acting(features, agent, mask), mask, setting)
+    assert torch.all(log_probs.exp()[~mask] == 0)
+    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(n), atol=1e-5)
+    for choice, m in zip(manager.decide(_decisions(features, agent, mask)), mask, strict=True):
+        assert m[choice.option] and math.isfinite(choice.log_prob)
+
+
+def test_recorded_log_prob_is_the_behaviour_policys():
+    pol, (features, agent, mask) = policy(), states(16)
+    setting = NoiseSetting("epsilon", 0.3)
+    choices = NoisyManager(pol, _Identity(), setting, seed=0).decide(_decisions(features, agent, mask))
+    with torch.no_grad():
+        probs = pol.distribution(features, agent, mask).probs
+    uniform = mask.float() / mask.sum(-1, keepdim=True)
+    expected = ((0.7 * probs + 0.3 * uniform)[torch.arange(16), [c.option for c in choices]]).log()
+    assert torch.allclose(torch.tensor([c.log_prob for c in choices]), expected, atol=1e-5)
+
+
+def test_greedy_ignores_the_noise():
+    pol, s = policy(), states(32)
+    ds = _decisions(*s)
+    greedy = NoisyManager(pol, _Identity(), NoiseSetting("param", 5.0), seed=1, greedy=True).decide(ds)
+    with torch.no_grad():
+        argmax = pol(*s).argmax(-1)
+    assert [c.option for c in greedy] == argmax.tolist()
+
+
+def test_epsilon_greedy_distance_matches_the_plappert_equivalence():
+    pol = policy()
+    with torch.no_grad():  # a near-deterministic policy over all K options
+        pol.head.weight.zero_()
+        pol.head.bias.copy_(torch.tensor([40.0] + [0.0] * (K - 1)))
+    features, agent, _ = states(32)
+    noise = ActionNoise("epsilon", 0.2)
+    noise.observe(features, agent, torch.ones(32, K, dtype=torch.bool))
+    metrics = noise.update(pol)
+    assert metrics["noise/distance"] == pytest.approx(epsilon_equivalent_delta(0.2, K), rel=1e-3)
+    assert metrics["noise/epsilon"] == pytest.approx(0.2)
+
+
+def test_masked_kl_ignores_masked_entries():
+    mask = torch.tensor([[True, False, True]])
+    p = torch.tensor([[1.0, 100.0, 0.0]])
+    q = torch.tensor([[1.0, -100.0, 0.0]])
+    assert masked_kl(logits_p=p, logits_q=q, mask=mask).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_state_dict_round_trip_continues_identically():
+    pol, s = policy(), states(64)
+    a = ParamNoise(AnnealSchedule(0.1, 0.01, 10, "linear"), initial_sigma=0.02, adaptation=1.1, seed=5)
+    a.observe(*s)
+    for _ in range(3):
+        a.update(pol)
+    state = a.state_dict()
+    b = ParamNoise(AnnealSchedule(0.1, 0.01, 10, "linear"), initial_sigma=0.02, adaptation=1.1, seed=99)
+    b.load_state_dict(state)
+    assert (b.sigma, b.target, b.position) == (a.sigma, a.target, a.position)
+    assert a.update(pol) == b.update(pol)
+    with pytest.raises(ValueError, match="ParamNoise state"):
+        b.load_state_dict(ActionNoise().state_dict())
+
+
+def test_make_exploration_builds_each_kind():
+    assert isinstance(make_exploration("param", 0.1, seed=1), ParamNoise)
+    eps = make_exploration("epsilon", AnnealSchedule(0.3, 0.05, 10))
+    assert isinstance(eps, ActionNoise) and eps.setting() == NoiseSetting("epsilon", 0.3)
+    assert make_exploration("none", 0.0).setting().kind == "none"
+    with pytest.raises(ValueError, match="noise kind"):
+        make_exploration("gaussian", 0.1)  # type: ignore[arg-type]
+
+
+def test_one_update_runs_adapt_steps_adaptations():
+    pol = policy()
+    noise = ParamNoise(5.0, initial_sigma=0.01, adaptation=1.1, adapt_steps=5)
+    noise.observe(*states(32))
+    noise.update(pol)  # far below δ every time: σ grows by α per adaptation
+    assert noise.sigma == pytest.approx(0.01 * 1.1**5) and noise.position == 1
+
+
+def test_perturbing_into_a_scratch_module_equals_a_fresh_copy():
+    pol = policy()
+    scratch = perturb(policy(seed=5), sigma=9.0, generator=torch.Generator().manual_seed(0))
+    fresh = perturb(pol, sigma=0.2, generator=torch.Generator().manual_seed(3))
+    reused = perturb(pol, sigma=0.2, generator=torch.Generator().manual_seed(3), out=scratch)
+    assert reused is scratch
+    for p, q in zip(fresh.parameters(), reused.parameters(), strict=True):
+        assert torch.equal(p, q)

@@ -1,0 +1,236 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre_ma.agents.noise import NoiseSetting
+from gyre_ma.agents.roles import RoleTrajectory, iteration_tasks, policy_weights
+from gyre_ma.backends import Backend, make_backend
+from gyre_ma.backends.local import LocalBackend
+from gyre_ma.backends.testing import arm_faults, tokens_left
+from gyre_ma.config import parse_config
+from gyre_ma.rollout import Trajectory
+from gyre_ma.staleness import filter_stale
+
+SAMPLE_TIMEOUT = 4.0
+
+
+def fingerprint(t: Trajectory) -> tuple:
+    calls = tuple((c.agent, c.option, c.log_prob, c.value, c.duration, c.reward, c.milestones, c.termination,
+                   c.policy_version) for c in t.calls)
+    return (t.task_seed, t.policy_version, t.length, tuple(sorted(t.milestone_steps.items())), t.success,
+            t.total_reward, calls)
+
+
+def faulty_config(fault_dir, at_step=5):
+    return parse_config({
+        "seed": 0,
+        "env": {"id": "gyre_ma.backends.testing:faulty_env",
+                "kwargs": {"fault_dir": str(fault_dir), "at_step": at_step}},
+        "library": "gyre_ma.envs.workflow.options:make_library",
+        "manager": {"hidden": 16},
+    })
+
+
+def noisy_tasks(seeds, version_salt=0):
+    noise = {"explorer": NoiseSetting("param", 0.5), "executor": NoiseSetting("epsilon", 0.1)}
+    return iteration_tasks(seeds=[s + version_salt for s in seeds], explorers=1, executors=1, noise=noise)
+
+
+@pytest.fixture(scope="module")
+def fault_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="module")
+def local(fault_dir):
+    backend = LocalBackend(faulty_config(fault_dir))
+    torch.manual_seed(0)
+    kit = backend.worker.kit
+    with torch.no_grad():
+        for p in kit.policy.parameters():
+            p.normal_(0, 0.3)
+    yield backend, policy_weights(kit.policy, kit.critic)
+    backend.close()
+
+
+# ------------------------------------------------------------------------ staleness
+@dataclass
+class _Item:
+    policy_version: int
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50)), st.integers(0, 50), st.integers(0, 60))
+def test_staleness_filter_keeps_exactly_the_fresh_and_counts_the_rest(versions, max_staleness, ahead):
+    current = max(versions, default=0) + ahead
+    items = [_Item(v) for v in versions]
+    kept, dropped = filter_stale(items, current_version=current, max_staleness=max_staleness)
+    assert all(current - i.policy_version <= max_staleness for i in kept)
+    assert kept == [i for i in items if current - i.policy_version <= max_staleness]  # order kept
+    assert dropped == len(items) - len(kept)
+
+
+def test_staleness_filter_rejects_data_from_the_future_and_negative_bounds():
+    with pytest.raises(ValueError, match="version 3 is newer than the current version 2"):
+        filter_stale([_Item(3)], current_version=2, max_staleness=1)
+    with pytest.raises(ValueError, match="max_staleness must be >= 0, got -1"):
+        filter_stale([], current_version=0, max_staleness=-1)
+
+
+# ------------------------------------------------------------------------ local backend
+def test_importing_gyre_ma_does_not_import_ray():
+    code = ("import sys, gyre_ma, gyre_ma.backends, gyre_ma.backends.local, gyre_ma.agents.roles, gyre_ma.loop; "
+            "sys.exit('ray' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_unknown_backend_is_named_with_the_choices(fault_dir):
+    with pytest.raises(ValueError, match=r"unknown backend 'dask'; expected one of \['local', 'ray'\]"):
+        make_backend("dask", faulty_config(fault_dir))
+
+
+def test_local_backend_same_seed_same_trajectories(local, fault_dir):
+    backend, weights = local
+    assert isinstance(backend, Backend)
+    tasks = noisy_tasks([1, 2, 3])
+    first = backend.collect(weights, 0, tasks)
+    other = LocalBackend(faulty_config(fault_dir))
+    second = other.collect(weights, 0, tasks)
+    assert [fingerprint(t) for t in first] == [fingerprint(t) for t in second]
+    assert [(t.role, t.task_seed, t.episode) for t in first] == [(t.role, t.task_seed, t.episode) for t in tasks]
+    assert backend.stats()["backend/episodes"] >= len(tasks)
+
+
+def test_local_rollouts_run_single_threaded_and_restore_the_learners_threads(local):
+    backend, weights = local
+    before = torch.get_num_threads()
+    seen = []
+    real_decide = type(backend.worker.kit.manager(noisy_tasks([1])[0], 0)).decide
+
+    def spy(self, decisions):
+        seen.append(torch.get_num_threads())
+        return real_decide(self, decisions)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(backend.worker.kit.manager(noisy_tasks([1])[0], 0)), "decide", spy)
+        backend.collect(weights, 0, noisy_tasks([6]))
+    assert set(seen) == {1} and torch.get_num_threads() == before
+
+
+def test_local_submit_binds_a_snapshot_of_the_weights(local):
+    backend, weights = local
+    tasks = noisy_tasks([4, 5])
+    expected = [fingerprint(t) for t in backend.collect(weights, 0, tasks)]
+    mutable = {part: {k: v.clone() for k, v in sd.items()} for part, sd in weights.items()}
+    backend.submit(mutable, 0, tasks)
+    for v in mutable["policy"].values():  # the learner updates in place after submitting
+        v.add_(1.0)
+    backend.submit(mutable, 1, tasks[:1])
+    assert backend.pending == len(tasks) + 1
+    got = backend.poll(timeout=0.0)
+    assert len(got) == 1 and backend.pending == len(tasks)
+    got += backend.poll(timeout=None)
+    assert [fingerprint(t) for t in got[: len(tasks)]] == expected
+    assert got[-1].policy_version == 1 and backend.pending == 0
+
+
+# ------------------------------------------------------------------------ ray backend
+@pytest.fixture(scope="module")
+def ray_backend(fault_dir):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    backend = make_backend("ray", faulty_config(fault_dir), workers=2, max_restarts=4, max_attempts=3,
+                           sample_timeout_s=SAMPLE_TIMEOUT, startup_timeout_s=120.0, cpus_per_worker=1.0)
+    try:
+        yield backend
+    finally:
+        backend.close()
+        ray.shutdown()
+
+
+def test_ray_matches_local_and_weights_go_out_once_per_version(ray_backend, local, monkeypatch):
+    import ray
+
+    backend, weights = local
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value: puts.append(value) or real_put(value))
+    tasks = noisy_tasks([10, 11, 12])
+    got = ray_backend.collect(weights, 3, tasks)
+    ray_backend.collect(weights, 3, tasks[:2])
+    assert len(puts) == 1
+    ray_backend.collect(weights, 4, tasks[:1])
+    assert len(puts) == 2
+    assert [fingerprint(t) for t in got] == [fingerprint(t) for t in backend.collect(weights, 3, tasks)]
+    assert all(isinstance(t, RoleTrajectory) and t.policy_version == 3 for t in got)
+    assert {a["worker_id"] for a in ray_backend.actor_info()} == {0, 1}
+    assert ray_backend.stats()["backend/restarts"] == 0
+
+
+@pytest.mark.parametrize("mode", ["raise", "exit"])
+def test_failed_workers_restart_once_per_fault_and_no_partial_episode_escapes(ray_backend, local, fault_dir, mode):
+    backend, weights = local
+    tasks = noisy_tasks([20, 21, 22, 23])
+    expected = [fingerprint(t) for t in backend.collect(weights, 4, tasks)]
+    before = ray_backend.stats()
+    pids = [a["pid"] for a in ray_backend.actor_info()]
+    arm_faults(fault_dir, 1, mode=mode, worker=0)
+    arm_faults(fault_dir, 1, mode=mode, worker=1)
+    got = ray_backend.collect(weights, 4, tasks)
+    after = ray_backend.stats()
+    assert tokens_left(fault_dir) == 0
+    assert after["backend/restarts"] - before["backend/restarts"] == 2
+    assert after["backend/reissued"] - before["backend/reissued"] == 2
+    assert after["backend/episodes"] - before["backend/episodes"] == len(tasks)  # nothing extra, nothing partial
+    assert [fingerprint(t) for t in got] == expected
+    assert all(new != old for new, old in zip((a["pid"] for a in ray_backend.actor_info()), pids, strict=True))
+
+
+def test_a_hanging_worker_is_replaced_within_the_sample_timeout(ray_backend, local, fault_dir):
+    backend, weights = local
+    tasks = noisy_tasks([30, 31])
+    expected = [fingerprint(t) for t in backend.collect(weights, 5, tasks)]
+    ray_backend.collect(weights, 5, tasks[:2])  # actors warm, version 5 fetched
+    before = ray_backend.stats()
+    arm_faults(fault_dir, 1, mode="hang", worker=1)
+    start = time.monotonic()
+    got = ray_backend.collect(weights, 5, tasks)
+    elapsed = time.monotonic() - start
+    after = ray_backend.stats()
+    # the timeout, plus a fresh actor's start and one short episode
+    assert elapsed < SAMPLE_TIMEOUT + 15.0
+    assert after["backend/timeouts"] - before["backend/timeouts"] == 1
+    assert after["backend/replaced"] - before["backend/replaced"] == 1
+    assert [fingerprint(t) for t in got] == expected
+
+
+def test_async_submit_and_poll_carry_versions_for_the_staleness_filter(ray_backend, local):
+    backend, weights = local
+    ray_backend.submit(weights, 6, noisy_tasks([40, 41]))
+    ray_backend.submit(weights, 7, noisy_tasks([42]))
+    validation = ray_backend.collect(weights, 7, [("evaluator", 43)])  # meanwhile: only its own episode
+    assert [(t.role, t.task_seed, t.policy_version) for t in validation] == [("evaluator", 43, 7)]
+    got: list[RoleTrajectory] = []
+    deadline = time.monotonic() + 60
+    while ray_backend.pending and time.monotonic() < deadline:
+        got += ray_backend.poll(timeout=1.0)
+    assert len(got) == 6 and ray_backend.pending == 0
+    assert sorted(t.policy_version for t in got) == [6, 6, 6, 6, 7, 7]
+    expected = backend.collect(weights, 6, noisy_tasks([40, 41])) + backend.collect(weights, 7, noisy_tasks([42]))
+    key = lambda t: (t.policy_version, t.task_seed, t.episode)  # noqa: E731
+    assert [fingerprint(t) for t in sorted(got, key=key)] == [fingerprint(t) for t in sorted(expected, key=key)]
+    kept, dropped = filter_stale(got, current_version=8, max_staleness=1)
+    assert dropped == 4 and {t.policy_version for t in kept} == {7}
+
+
+def test_ray_workers_per_role_are_validated(ray_backend, local):
+    with pytest.raises(ValueError, match="unknown roles"):
+        make_backend("ray", ray_backend.config, workers={"critic": 1})

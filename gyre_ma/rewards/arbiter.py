@@ -55,8 +55,10 @@ class RewardConfig(BaseModel):
     """Weight of the PRM part (before the cap and the drift monitor's cut)."""
     prm_weight_cap: float = Field(0.2, ge=0.0, allow_inf_nan=False)
     """Hard cap on the PRM weight; must stay below the smallest milestone reward."""
-    rules: list[RuleSpec] | str = Field(default_factory=list)
-    """Rules (see ``gyre_ma.rewards.rules``), or a YAML file holding them."""
+    rules: list[RuleSpec] = Field(default_factory=list)
+    """Rules (see ``gyre_ma.rewards.rules``): process rules and guards over env state."""
+    rules_file: str | None = None
+    """A YAML file of more rules (a list, or a mapping with ``rules``), added after ``rules``."""
     snapshot: str | None = None
     """``module:callable`` (env → mapping) adding env-specific state keys for rules."""
     prm: PRMConfig = Field(default_factory=PRMConfig)
@@ -68,12 +70,11 @@ class RewardConfig(BaseModel):
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> RewardConfig:
-        if isinstance(self.rules, list):
-            seen: set[str] = set()
-            for i, r in enumerate(self.rules):
-                if r.name in seen:
-                    raise ValueError(f"rules[{i}]: rule name {r.name!r} is used twice")
-                seen.add(r.name)
+        seen: set[str] = set()
+        for i, r in enumerate(self.rules):
+            if r.name in seen:
+                raise ValueError(f"rules[{i}]: rule name {r.name!r} is used twice")
+            seen.add(r.name)
         return self
 
     @property

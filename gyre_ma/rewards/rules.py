@@ -335,6 +335,8 @@ class RuleEngine:
         calls = trajectory.calls
         n = len(calls)
         pending, self._pending = self._pending, {}
+        if not self.active:
+            return RuleResults.empty(n)
         final = StateView(self.snapshot(env))
         last = set(last_calls(trajectory))
         firsts = first_verified(trajectory)

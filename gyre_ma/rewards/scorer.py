@@ -11,6 +11,7 @@ monitor, and checkpoints them together (``state_dict``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,8 @@ class RewardScorer:
         check_prm_cap(graph, config)
         if rules is None:
             rules = load_rules(config.rules)
+            if config.rules_file is not None:
+                rules += load_rules(config.rules_file)
         if snapshot is None and config.snapshot is not None:
             snapshot = extended_snapshot(resolve(config.snapshot, "rewards.snapshot"))
         snapshot = snapshot or default_snapshot
@@ -80,12 +83,16 @@ class RewardScorer:
         self.featurizer = featurizer
         self.prm: ProcessRewardModel | None = None
         self.prm_module: PRMModule | None = None
+        self.prm_updates = 0
+        """Iterations the PRM has been trained on."""
         if config.prm.enabled and config.effective_prm_weight > 0 and featurizer is not None:
             if feature_dim is None:
                 feature_dim = int(featurizer.dim)
             if n_options is None:
                 raise ValueError("RewardScorer: n_options is needed to build the PRM")
-            self.prm = ProcessRewardModel(feature_dim, n_options, hidden=config.prm.hidden)
+            with torch.random.fork_rng(devices=[]):  # seeded init, global RNG stream untouched
+                torch.manual_seed(seed)
+                self.prm = ProcessRewardModel(feature_dim, n_options, hidden=config.prm.hidden)
             self.fitter = fitter or Fitter()
             self.prm_module = self.fitter.setup(PRMModule(self.prm, lr=config.prm.lr))
 
@@ -115,7 +122,9 @@ class RewardScorer:
         if rule_results is None:
             rule_results = [getattr(t, "rule_results", None) for t in trajectories]
         if len(rule_results) != len(trajectories):
-            raise ValueError(f"RewardScorer.score: {len(rule_results)} rule results for {len(trajectories)} trajectories")
+            raise ValueError(
+                f"RewardScorer.score: {len(rule_results)} rule results for {len(trajectories)} trajectories"
+            )
         results = []
         for i, (t, r) in enumerate(zip(trajectories, rule_results)):
             if r is None:
@@ -152,8 +161,11 @@ class RewardScorer:
         held = self._holdout(len(trajectories))
         held_calls = held[episode]
         probs = self.prm.probabilities(features, options)
-        status = self.drift.check(probabilities=probs[held_calls],
-                                  labels=torch.stack([progress, success], -1)[held_calls], iteration=iteration)
+        if self.prm_updates:
+            status = self.drift.check(probabilities=probs[held_calls],
+                                      labels=torch.stack([progress, success], -1)[held_calls], iteration=iteration)
+        else:  # an untrained model agrees only by chance: nothing to trust or cut yet
+            status = self.drift.update(math.nan, samples=0, iteration=iteration)
         rewards = prm_rewards(probs.mean(-1), weight=self.prm_weight)
         metrics = {"prm/agreement": status.agreement, "prm/trusted": float(status.trusted),
                    "prm/weight": self.prm_weight, "prm/heldout_calls": float(held_calls.sum())}
@@ -166,6 +178,7 @@ class RewardScorer:
                      B.PROGRESS: progress[train_calls], B.SUCCESS: success[train_calls]}
             metrics |= self.fitter.fit(self.prm_module, batch, epochs=cfg.epochs,
                                        minibatch_size=cfg.minibatch_size, generator=self.generator)
+            self.prm_updates += 1
         return [r.tolist() for r in rewards.split(sizes)], metrics
 
     def _holdout(self, n: int) -> torch.Tensor:
@@ -185,7 +198,7 @@ class RewardScorer:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"rules": self.engine.state_dict(), "drift": self.drift.state_dict(),
-                                 "alarms": self.monitor.state_dict()}
+                                 "alarms": self.monitor.state_dict(), "prm_updates": self.prm_updates}
         if self.prm is not None:
             state["prm"] = self.prm.state_dict()
             state["prm_optimizer"] = self.prm_module.optimizers().optimizer.state_dict()
@@ -195,6 +208,7 @@ class RewardScorer:
         self.engine.load_state_dict(state["rules"])
         self.drift.load_state_dict(state["drift"])
         self.monitor.load_state_dict(state["alarms"])
+        self.prm_updates = int(state["prm_updates"])
         if self.prm is not None and "prm" in state:
             self.prm.load_state_dict(state["prm"])
             self.prm_module.optimizers().optimizer.load_state_dict(state["prm_optimizer"])

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gyre_ma.envs.workflow.oracle import OracleManager
+from gyre_ma.envs.workflow.options import make_library
+from gyre_ma.envs.workflow.workflow import parallel_env
+from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.rewards.milestones import covers, first_verified, last_calls, milestone_rewards
+from gyre_ma.rollout import run_episode
+
+
+def test_each_milestone_pays_the_calls_running_at_its_first_verification(graph, two_agent_episode):
+    traj = two_agent_episode()
+    assert first_verified(traj) == [("a",), ("a", "b"), ("b", "goal"), ("goal",)]
+    paid = milestone_rewards(traj, graph)
+    assert [p for p, _ in paid] == [0.5, 1.5, 1.0, 0.0]  # goals are the outcome's, not a milestone's
+    assert [names for _, names in paid] == [("a",), ("a", "b"), ("b",), ()]
+    assert milestone_rewards(traj, graph, scale=2.0, include_goals=True)[3] == (10.0, ("goal",))
+
+
+def test_interval_boundaries_and_step_zero():
+    from gyre_ma.rollout import OptionCall
+
+    c = OptionCall("agent_0", 0, 0, None, np.ones(1, bool), frozenset(), -1, 0.0, 0.0, 0.0,
+                   start_step=10, policy_version=0, task_seed=0, duration=5)
+    assert not covers(c, 10) and covers(c, 11) and covers(c, 15) and not covers(c, 16)
+
+
+def test_only_verified_steps_pay_never_the_calls_claims(graph, two_agent_episode):
+    traj = two_agent_episode(steps={"a": 0})  # held at reset: nobody achieved it
+    for c in traj.calls:
+        c.milestones = ("a", "b", "goal")  # what a call (or an agent) might claim
+    assert all(p == 0.0 for p, _ in milestone_rewards(traj, graph))
+
+
+def test_paid_once_per_episode_and_unknown_names_ignored(graph, two_agent_episode):
+    traj = two_agent_episode(steps={"a": 5, "not_a_node": 6})
+    total = sum(p for p, _ in milestone_rewards(traj, graph))
+    assert total == pytest.approx(0.5 * 2)  # a: one call of each agent covered step 5
+
+
+def test_last_calls_are_each_agents_final_call(two_agent_episode):
+    assert last_calls(two_agent_episode()) == [2, 3]
+
+
+@pytest.mark.parametrize("manager", ["oracle", "random"])
+def test_matches_the_env_own_milestone_rewards_on_workflow(manager):
+    """The env pays every agent each milestone's graph weight on its first verification
+    (milestone_rewards=True): per agent, our credit must sum to exactly that."""
+    env = parallel_env(milestone_rewards=True, goal_reward=0.0)
+    lib = make_library()
+    graph = lib.graph
+    for seed in range(3):
+        m = OracleManager(library=lib) if manager == "oracle" else RandomManager(seed=seed)
+        traj = run_episode(env, lib, m, seed=seed)
+        paid = milestone_rewards(traj, graph, include_goals=True)
+        for agent in env.possible_agents:
+            ours = sum(p for (p, _), c in zip(paid, traj.calls) if c.agent == agent)
+            env_paid = sum(c.raw_reward for c in traj.agent_calls(agent))
+            assert ours == pytest.approx(env_paid), (seed, agent)
+        assert sum(p for p, _ in paid) > 0

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -12,7 +9,6 @@ from torch import nn
 
 from gyre_ma.envs.base import NumericView
 from gyre_ma.options.library import OptionLibrary
-from gyre_ma.rollout import Choice, Decision
 
 
 class StateScaler:
@@ -111,43 +107,3 @@ class Critic(nn.Module):
         """Conservative start: every state worth ``value`` (e.g. mean reward / (1 − γ))."""
         nn.init.zeros_(self.head.weight)
         self.head.bias.fill_(value)
-
-
-class LearnedManager:
-    """The Manager protocol over a ManagerPolicy: batches simultaneous decisions."""
-
-    def __init__(self, policy: ManagerPolicy, critic: Critic | None, featurizer: Featurizer, *,
-                 seed: int = 0, greedy: bool = False, state_scaler: StateScaler | None = None) -> None:
-        """With a ``state_scaler`` the critic is centralised: it values the global state."""
-        self.policy, self.critic, self.featurizer = policy, critic, featurizer
-        self.generator = torch.Generator().manual_seed(seed)
-        self.greedy = greedy
-        self.state_scaler = state_scaler
-
-    def inputs(self, decisions: Sequence[Decision]) -> dict[str, Any]:
-        features = torch.from_numpy(np.stack([self.featurizer(d) for d in decisions]))
-        agent = torch.tensor([d.agent_index for d in decisions], dtype=torch.long)
-        mask = torch.from_numpy(np.stack([d.mask for d in decisions]))
-        return {"features": features, "agent": agent, "mask": mask}
-
-    @torch.no_grad()
-    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
-        x = self.inputs(decisions)
-        dist = self.policy.distribution(x["features"], x["agent"], x["mask"])
-        if self.greedy:
-            options = dist.probs.argmax(dim=-1)
-        else:
-            u = torch.rand(len(decisions), 1, generator=self.generator)
-            options = (dist.probs.cumsum(-1) < u).sum(-1).clamp_max(dist.probs.shape[-1] - 1)
-            # guard against float round-off landing on a masked option
-            bad = ~x["mask"].gather(1, options[:, None]).squeeze(1)
-            options = torch.where(bad, dist.probs.argmax(-1), options)
-        log_probs = dist.log_prob(options)
-        if self.critic is None:
-            values = torch.zeros(len(decisions))
-        elif self.state_scaler is not None:
-            state = torch.from_numpy(self.state_scaler(decisions[0].env.state()))
-            values = self.critic(state.expand(len(decisions), -1), x["agent"])
-        else:
-            values = self.critic(x["features"], x["agent"])
-        return [Choice(int(o), float(lp), float(v)) for o, lp, v in zip(options, log_probs, values, strict=True)]

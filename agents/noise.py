@@ -410,8 +410,7 @@ class NoisyManager:
     an ActionNoise). Build one per episode, or call :meth:`begin_episode` between
     episodes: parameter noise draws its perturbation there. ``log_prob`` is the behaviour
     policy's (perturbed or ε-mixed), as the PPO ratio needs; ``value`` comes from the
-    unperturbed critic (centralised when a ``state_scaler`` is given, as in
-    :class:`~gyre_ma.agents.manager.LearnedManager`); ``greedy`` ignores the noise and
+    unperturbed critic (centralised when a ``state_scaler`` is given); ``greedy`` ignores the noise and
     takes the policy's argmax.
     """
 

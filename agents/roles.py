@@ -135,6 +135,9 @@ class RolloutKit:
     """Policy version whose weights are loaded."""
     scratch: ManagerPolicy | None = None
     """Reused for each episode's perturbed weights (one episode at a time per kit)."""
+    rules: Any = None
+    """A RewardScorer whose rule engine checks env state at option and episode ends
+    (None when the config has no rules)."""
 
     @classmethod
     def from_config(cls, config: Any) -> RolloutKit:
@@ -147,6 +150,11 @@ class RolloutKit:
         else:
             library = make_library(config.env.id, env, config.library)
         kit = cls(env, library, m.kind, config.credit.gamma, config.train.max_steps)
+        rewards = getattr(config, "rewards", None)
+        if rewards is not None and (rewards.rules or rewards.rules_file):
+            from gyre_ma.rewards.scorer import RewardScorer
+
+            kit.rules = RewardScorer(rewards, library.graph, option_names=library.names)
         if m.kind in ("learned", "flat"):
             with torch.random.fork_rng():  # initial weights are overwritten; leave the caller's RNG alone
                 kit._build_modules(config, agents)
@@ -201,8 +209,12 @@ class RolloutKit:
     def play(self, task: RolloutTask, version: int, *, worker: int = -1) -> RoleTrajectory:
         cap = self.cap(task)
         start = time.perf_counter()
+        hook = self.rules.on_option_end if self.rules is not None else None
         traj = run_episode(self.env, self.library, self.manager(task, version), seed=task.task_seed,
-                           gamma=self.gamma, policy_version=version, max_steps=cap)
+                           gamma=self.gamma, policy_version=version, max_steps=cap,
+                           record_state=self.state_scaler is not None, on_option_end=hook)
+        if self.rules is not None:
+            traj.rule_results = self.rules.end_episode(traj, self.env)
         return _tag(traj, role=task.role, episode=task.episode, worker=worker, noise=task.noise,
                     greedy=task.greedy, step_cap=cap, score=milestone_score(traj, self.library.graph),
                     seconds=time.perf_counter() - start)

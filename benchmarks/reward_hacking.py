@@ -1,8 +1,8 @@
 """Reward hacking on workflow_v0: a naive surface rule gets farmed; verified rewards do not.
 
-Trains the real Gyre learner (rollout → segment → score → update) with the rewards of
-``gyre_ma.rewards`` swapped in for the option rewards before credit assignment, under
-three reward configs that share milestones, verified outcome and the PRM:
+Trains the real Gyre learner (rollout → segment → score → update; option rewards are the
+arbitrated, verified rewards of ``gyre_ma.rewards``) under three ``rewards:`` configs that
+share milestones, verified outcome and the PRM:
 
 - ``naive``     — surface rule "the report has all four sections", a process rule bound to
   no milestone, checked at every option end; no guard; no failed-episode cap. A team
@@ -12,7 +12,7 @@ three reward configs that share milestones, verified outcome and the PRM:
   that progress was verified), plus a guard "no submission without compliance".
 
 Prints one JSON object: per variant, per-iteration total reward, verified completion,
-option/tool calls, rule pay rate, PRM agreement and weight, and the alarms that fired.
+option calls, rule pay rate, PRM agreement and weight, and the alarms that fired.
 """
 
 from __future__ import annotations
@@ -26,108 +26,43 @@ import numpy as np
 import torch
 
 from gyre_ma.config import parse_config
-from gyre_ma.envs.base import unwrap
-from gyre_ma.loop import Gyre, task_seed
-from gyre_ma.rewards import OptionEndProbe, RewardConfig, Rule, apply_breakdowns, state_check
-from gyre_ma.rewards.rules import extended_snapshot
-from gyre_ma.rewards.scorer import RewardScorer
-from gyre_ma.rollout import Trajectory, run_episode
+from gyre_ma.loop import Gyre
+
+FACTS = "gyre_ma.envs.workflow.workflow:rule_facts"
+REPORT_COMPLETE = {"name": "report_complete", "kind": "process", "when": "option_end",
+                   "require": {"report_sections": 4}}
+COMPLIANCE_BEFORE_SUBMIT = {"name": "compliance_before_submit", "kind": "guard", "when": "episode_end",
+                            "given": {"submitted": True}, "require": {"compliance_passed": True}}
 
 
-def workflow_facts(env: Any) -> dict[str, Any]:
-    """Workflow state keys for rules beyond the default snapshot."""
-    ws = unwrap(env).workspace
-    return {
-        "report_sections": len(ws.report),
-        "data_loss": bool(ws.dataset is not None and ws.dataset.data_loss),
-        "failed_calls": sum(st.failed is not None for st in ws.agents.values()),
-    }
-
-
-SNAPSHOT = extended_snapshot(workflow_facts)
-REPORT_COMPLETE = state_check({"report_sections": 4})
-RULE_WEIGHT = 1.0
-COMPLIANCE_BEFORE_SUBMIT = state_check(require={"compliance_passed": True}, given={"submitted": True})
-
-
-def variant(name: str, alarm_window: int = 10) -> tuple[RewardConfig, list[Rule]]:
-    alarms = {"window": alarm_window}
+def variant(name: str, alarm_window: int = 10) -> dict[str, Any]:
+    """The ``rewards:`` config section of each variant."""
+    base = {"snapshot": FACTS, "alarms": {"window": alarm_window}}
     if name == "naive":
-        rules = [Rule("report_complete", REPORT_COMPLETE, "process", "option_end", RULE_WEIGHT)]
-        return RewardConfig(failure_cap=None, alarms=alarms), rules
+        return base | {"failure_cap": None, "rules": [REPORT_COMPLETE]}
     if name == "naive_cap":
-        rules = [Rule("report_complete", REPORT_COMPLETE, "process", "option_end", RULE_WEIGHT)]
-        return RewardConfig(alarms=alarms), rules
+        return base | {"rules": [REPORT_COMPLETE]}
     if name == "defended":
-        rules = [
-            Rule("report_complete", REPORT_COMPLETE, "process", "option_end", RULE_WEIGHT, milestone="report_written"),
-            Rule("compliance_before_submit", COMPLIANCE_BEFORE_SUBMIT, "guard", "episode_end"),
-        ]
-        return RewardConfig(alarms=alarms), rules
+        return base | {"rules": [REPORT_COMPLETE | {"milestone": "report_written"}, COMPLIANCE_BEFORE_SUBMIT]}
     raise ValueError(f"unknown variant {name!r}; expected naive, naive_cap or defended")
 
 
-class ScoredGyre(Gyre):
-    """Gyre with verified rewards swapped in before credit assignment (what the lead will
-    wire into the loop itself)."""
-
-    def __init__(self, config, rewards: RewardConfig, rules: list[Rule]) -> None:
-        super().__init__(config)
-        self.scorer = RewardScorer(rewards, self.library.graph, featurizer=self.featurizer,
-                                   n_options=len(self.library), option_names=self.library.names,
-                                   rules=rules, snapshot=SNAPSHOT, fitter=self.fitter, seed=config.seed)
-        self.probe = OptionEndProbe(self.manager, self.scorer.engine)
-        self.manager = self.probe
-        self._iteration = 0
-        self._tool_calls: list[int] = []
-        self._reward_metrics: dict[str, float] = {}
-
-    def rollout(self, iteration: int) -> list[Trajectory]:
-        t = self.config.train
-        trajectories = []
-        for group in range(t.groups_per_iteration):
-            seed = task_seed(self.config.seed, iteration, group)
-            for _ in range(t.group_size):
-                traj = run_episode(self.env, self.library, self.manager, seed=seed,
-                                   gamma=self.config.credit.gamma, policy_version=self.version,
-                                   max_steps=t.max_steps)
-                self.probe.finish(traj)
-                traj.rule_results = self.scorer.end_episode(traj, self.env)
-                self._tool_calls.append(sum(st.tool_calls for st in self.env.workspace.agents.values()))
-                self.env_steps += traj.length
-                trajectories.append(traj)
-        return trajectories
-
-    def score(self, trajectories, seg):
-        scored = self.scorer.score(trajectories, iteration=self._iteration)
-        apply_breakdowns(trajectories, scored.breakdowns)
-        self._reward_metrics = scored.metrics
-        return super().score(trajectories, seg)
-
-    def iteration(self, i: int) -> dict[str, float]:
-        self._iteration, self._tool_calls = i, []
-        metrics = super().iteration(i)
-        metrics |= self._reward_metrics
-        metrics["tool_calls"] = float(np.mean(self._tool_calls))
-        self.scorer.alarms(metrics, i)
-        return metrics | self.scorer.monitor.metrics()
-
-
-def experiment_config(seed: int, episodes: int, group_size: int) -> Any:
+def experiment_config(name: str, seed: int, episodes: int, group_size: int, alarm_window: int) -> Any:
     return parse_config({
-        "name": "reward_hacking", "seed": seed, "env": {"id": "workflow_v0"},
+        "name": f"reward_hacking_{name}", "seed": seed, "env": {"id": "workflow_v0"},
         "train": {"episodes_per_iteration": episodes, "group_size": group_size, "lr": 1e-3,
                   "minibatch_size": 128},
+        "roles": {"explorers": 0, "executors": group_size, "evaluators": 0},
+        "rewards": variant(name, alarm_window),
     })
 
 
 def train(name: str, *, iterations: int, seed: int = 0, episodes: int = 16, group_size: int = 4,
           alarm_window: int = 10) -> dict[str, Any]:
-    """Train one variant; the per-iteration curves and the alarms that fired."""
+    """Train one variant with the real loop; the per-iteration curves and the alarms."""
     torch.set_num_threads(1)
-    rewards, rules = variant(name, alarm_window)
-    gyre = ScoredGyre(experiment_config(seed, episodes, group_size), rewards, rules)
-    keys = ("reward/total", "success_rate", "option_calls", "tool_calls", "rule_pay_rate",
+    gyre = Gyre(experiment_config(name, seed, episodes, group_size, alarm_window))
+    keys = ("reward/total", "success_rate", "option_calls", "rule_pay_rate",
             "prm/agreement", "prm/weight", "reward/vetoed_episodes", "milestone/report_written")
     curves: dict[str, list[float]] = {k: [] for k in keys}
     start = time.perf_counter()
@@ -135,10 +70,12 @@ def train(name: str, *, iterations: int, seed: int = 0, episodes: int = 16, grou
         m = gyre.iteration(i)
         for k in keys:
             curves[k].append(round(float(m.get(k, float("nan"))), 4))
-    alarms = [{"name": a.name, "iteration": a.iteration, "message": a.message} for a in gyre.scorer.monitor.fired]
-    drift = [{"event": e.event, "agreement": round(e.agreement, 3)} for e in gyre.scorer.drift.events]
+    scorer = gyre.rewards
+    alarms = [{"name": a.name, "iteration": a.iteration, "message": a.message} for a in scorer.monitor.fired]
+    drift = [{"event": e.event, "agreement": round(e.agreement, 3)} for e in scorer.drift.events]
+    errors = list(scorer.engine.errors) + list(gyre.backend.worker.kit.rules.engine.errors)
     return {"curves": curves, "alarms": alarms, "drift_events": drift,
-            "rule_errors": list(gyre.scorer.engine.errors), "seconds": round(time.perf_counter() - start, 1)}
+            "rule_errors": errors, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def summary(run: dict[str, Any], k: int = 5) -> dict[str, float]:

@@ -126,15 +126,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps · success {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, disable=args.quiet) as progress:
-        task = progress.add_task("train", total=config.train.iterations, completed=first,
-                                 steps=gyre.env_steps, success="—")
-        for i in range(first, config.train.iterations):
-            metrics, trajectories = gyre.iteration(i, return_trajectories=True)
-            monitor.log(metrics, step=i)
-            monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
-            progress.update(task, advance=1, steps=int(metrics["env_steps"]),
-                            success=f"{metrics['success_rate']:.0%}")
+    try:
+        with Progress(*columns, console=console, disable=args.quiet) as progress:
+            task = progress.add_task("train", total=config.train.iterations, completed=first,
+                                     steps=gyre.env_steps, success="—")
+            for i in range(first, config.train.iterations):
+                metrics, trajectories = gyre.iteration(i, return_trajectories=True)
+                monitor.log(metrics, step=i)
+                monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
+                progress.update(task, advance=1, steps=int(metrics["env_steps"]),
+                                success=f"{metrics['success_rate']:.0%}")
+    finally:
+        gyre.backend.close()
     monitor.close()
     checkpoint = save_checkpoint(run_dir / "checkpoints" / "final.pt", gyre.state_dict())
     table = Table(title=f"run {config.name!r} — summary")
@@ -155,8 +158,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import parse_config
+    from gyre_ma.agents.roles import RolloutTask
     from gyre_ma.loop import Gyre, episode_metrics
-    from gyre_ma.rollout import run_episode
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
@@ -164,15 +167,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config = parse_config(state["config"], source=f"{args.checkpoint} (config)")
     gyre = Gyre(config)
     gyre.load_state_dict(state)
-    manager = gyre.manager
-    if hasattr(manager, "greedy"):
-        manager.greedy = args.greedy
-    trajectories = [
-        run_episode(gyre.env, gyre.library, manager, seed=args.seed + i, gamma=config.credit.gamma,
-                    policy_version=gyre.version, max_steps=config.train.max_steps)
-        for i in range(args.episodes)
-    ]
+    tasks = [RolloutTask("executor", args.seed + i, greedy=args.greedy) for i in range(args.episodes)]
+    try:
+        trajectories = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
+    finally:
+        gyre.backend.close()
     metrics = episode_metrics(trajectories, gyre.library.graph.names)
+    metrics |= gyre.arbitrate(trajectories)
     table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -181,6 +182,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
     for m in gyre.library.graph.names:
         table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
+    for key in sorted(k for k in metrics if k.startswith("reward/")):
+        table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(metrics, indent=2))

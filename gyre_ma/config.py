@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gyre_ma.rewards.arbiter import RewardConfig
+
 
 class ConfigError(ValueError):
     """A user mistake in a config: one line naming the key, the value and what was expected."""
@@ -158,6 +160,76 @@ class MonitorConfig(_Section):
     """Trajectories dumped as readable Markdown per iteration (``<run_dir>/spot_checks``)."""
 
 
+class NoiseConfig(_Section):
+    kind: Literal["param", "epsilon", "temperature", "none"] = "param"
+    """``param``: adaptive parameter-space noise (Plappert et al. 2018); ``epsilon`` /
+    ``temperature``: action-space noise (the ablation); ``none``."""
+    start: float = Field(0.1, ge=0.0)
+    """Target at iteration 0: KL distance δ for ``param``, ε or τ otherwise."""
+    end: float = Field(0.01, ge=0.0)
+    """Target after ``anneal_iterations``."""
+    schedule: Literal["constant", "linear", "cosine", "exponential"] = "cosine"
+    """How the target moves from ``start`` to ``end`` (exponential needs both > 0)."""
+    anneal_iterations: int | None = Field(None, ge=1)
+    """Iterations to anneal over; default ``train.iterations``."""
+    initial_sigma: float = Field(0.05, gt=0.0)
+    """σ before the first adaptation (param)."""
+    adaptation: float = Field(1.05, gt=1.0)
+    """α: σ·α below the target, σ/α above (param)."""
+    adapt_steps: int = Field(10, ge=1)
+    """Adaptations per iteration, each on a fresh perturbation (param)."""
+    window: int = Field(1024, ge=1)
+    """Recent decision states the distance is measured on."""
+
+    @model_validator(mode="after")
+    def _exponential_positive(self) -> NoiseConfig:
+        if self.schedule == "exponential" and (self.start <= 0 or self.end <= 0):
+            raise ValueError(f"an exponential schedule needs `start` ({self.start}) and `end` ({self.end}) > 0")
+        return self
+
+
+class RolesConfig(_Section):
+    explorers: int = Field(1, ge=0)
+    """Explorer episodes per task seed per iteration (large noise; feed the elite pool)."""
+    executors: int = Field(3, ge=0)
+    """Executor episodes per task seed per iteration (small annealed noise; on-policy data)."""
+    evaluators: int = Field(0, ge=0)
+    """Greedy validation episodes per iteration, judged by the checkpoint manager; 0 judges
+    the iteration's own (sampled) episodes instead — a greedy argmax of a still-broad
+    policy can loop on one option, so greedy validation suits converged policies."""
+    explorer_noise: NoiseConfig = Field(
+        default_factory=lambda: NoiseConfig(start=0.3, end=0.05, schedule="cosine"))
+    """Explorers: large target, annealed."""
+    executor_noise: NoiseConfig = Field(
+        default_factory=lambda: NoiseConfig(start=0.01, end=0.001, schedule="exponential"))
+    """Executors: small target, annealed."""
+    elite_min_score: float | None = Field(None, ge=0.0, le=1.0)
+    """Also mark unsuccessful explorer episodes elite at this milestone score."""
+    verify_elite: bool = True
+    """Replay elite candidates and check their milestones on environment state first."""
+
+
+class BackendConfig(_Section):
+    name: Literal["local", "ray"] = "local"
+    """Where rollouts run: in this process, or in Ray actors."""
+    workers: int = Field(2, ge=1)
+    """Ray actors (each plays any role)."""
+    cpus_per_worker: float = Field(1.0, gt=0.0)
+    """CPUs each Ray actor reserves."""
+    max_restarts: int = Field(3, ge=0)
+    """Ray restarts per actor before it is replaced."""
+    max_attempts: int = Field(3, ge=1)
+    """Tries per episode before the run fails."""
+    sample_timeout_s: float = Field(600.0, gt=0.0)
+    """Seconds one episode may take before its actor is killed and replaced."""
+    ray_init: dict[str, Any] = Field(default_factory=dict)
+    """``ray.init`` keyword arguments (``address``, ``num_cpus``), used only with Ray."""
+    async_rollouts: bool = False
+    """Collect the next iteration's episodes while the learner updates."""
+    max_staleness: int = Field(1, ge=0)
+    """Async mode: drop trajectories more than this many policy versions old."""
+
+
 class ExperimentConfig(_Section):
     name: str = Field("experiment", min_length=1)
     """Experiment name; the run directory is ``<run_root>/<name>``."""
@@ -181,6 +253,22 @@ class ExperimentConfig(_Section):
     """The horizon curriculum."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Monitoring."""
+    roles: RolesConfig = Field(default_factory=RolesConfig)
+    """Explorer, executor and evaluator episodes and their exploration noise."""
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    """Where rollouts run."""
+    rewards: RewardConfig = Field(default_factory=RewardConfig)
+    """Verified rewards: rules, PRM, arbitration, drift, hacking alarms."""
+
+    @model_validator(mode="after")
+    def _groups_are_roles(self) -> ExperimentConfig:
+        per_seed = self.roles.explorers + self.roles.executors
+        if per_seed != self.train.group_size:
+            raise ValueError(
+                f"`roles.explorers` ({self.roles.explorers}) + `roles.executors` ({self.roles.executors}) "
+                f"must equal `train.group_size` ({self.train.group_size}): one group per task seed"
+            )
+        return self
     run_root: str = "runs"
     """Folder under which run directories are made."""
 
@@ -203,6 +291,8 @@ def _format_error(err: dict[str, Any], model: type[BaseModel]) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         return f"'{path}': required key is missing"
+    if not err["loc"]:  # a check across sections: the message names the keys and values
+        return msg
     return f"'{path}': {msg} (got {err['input']!r})"
 
 

@@ -12,9 +12,12 @@ import numpy as np
 import torch
 
 from gyre_ma import batch as B
-from gyre_ma.agents.baselines import RandomManager
-from gyre_ma.agents.flat import primitive_library
-from gyre_ma.agents.manager import Critic, Featurizer, LearnedManager, ManagerPolicy, StateScaler
+from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy
+from gyre_ma.agents.noise import AnnealSchedule, ParamNoise, make_exploration
+from gyre_ma.agents.roles import (
+    Evaluator, RoleNoise, RolloutKit, RolloutTask, iteration_tasks, policy_weights, validation_tasks,
+)
+from gyre_ma.backends import make_backend
 from gyre_ma.buffer import TrajectoryBuffer, TrajectoryStore
 from gyre_ma.checkpoints import (
     CheckpointManager, NanGuard, ValidationDecision, apply_lr_scale, parameter_step_size, restore_rng,
@@ -23,7 +26,9 @@ from gyre_ma.checkpoints import (
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.credit import group_outcome_advantages, option_advantages, smdp_returns
 from gyre_ma.curriculum import PHASES, Curriculum
-from gyre_ma.envs.registry import make_env, make_library, make_oracle
+from gyre_ma.envs.registry import make_oracle
+from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
+from gyre_ma.staleness import filter_stale
 from gyre_ma.rollout import OptionCall, Trajectory, run_episode
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
@@ -58,34 +63,31 @@ class Gyre:
         self.config = config
         self.run_dir = Path(run_dir) if run_dir is not None else None
         torch.manual_seed(config.seed)
-        self.env = make_env(config.env.id, **config.env.kwargs)
-        agents = self.env.possible_agents
-        if config.manager.kind == "flat":
-            self.library = primitive_library(self.env.task_graph(), self.env.action_space(agents[0]))
-        else:
-            self.library = make_library(config.env.id, self.env, config.library)
-        self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library)
-        m = config.manager
-        self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents),
-                                    hidden=m.hidden, layers=m.layers, agent_embedding=m.agent_embedding)
-        self.state_scaler = StateScaler(self.env.state_space) if m.centralised_critic else None
-        critic_inputs = self.state_scaler.dim if self.state_scaler else self.featurizer.dim
-        self.critic = Critic(critic_inputs, len(agents), hidden=m.hidden, layers=m.layers,
-                             agent_embedding=m.agent_embedding)
-        if m.kind in ("learned", "flat"):
-            self.manager: Any = LearnedManager(self.policy, self.critic, self.featurizer,
-                                               seed=config.seed, state_scaler=self.state_scaler)
-        elif m.kind == "random":
-            self.manager = RandomManager(seed=config.seed)
-        else:
-            self.manager = make_oracle(config.env.id, self.env, self.library)
-        t = config.train
+        kit = RolloutKit.from_config(config)  # the same construction every rollout worker uses
+        self.env, self.library = kit.env, kit.library
+        self.featurizer, self.state_scaler = kit.featurizer, kit.state_scaler
+        if self.learns:
+            self.policy, self.critic = kit.policy, kit.critic
+        else:  # untrained stand-ins keep checkpoints and eval uniform
+            self.featurizer = Featurizer(self.env.observation_space(self.env.possible_agents[0]), self.library)
+            self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(self.env.possible_agents))
+            self.critic = Critic(self.featurizer.dim, len(self.env.possible_agents))
+        t, r = config.train, config.roles
         self.fitter = Fitter()
         self.manager_module = self.fitter.setup(ManagerModule(
             self.policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef))
         self.critic_module = self.fitter.setup(
-            CriticModule(self.critic, lr=t.critic_lr, centralised=m.centralised_critic))
+            CriticModule(self.critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
         self.generator = torch.Generator().manual_seed(config.seed)
+        self.noise = RoleNoise({
+            "explorer": _exploration(r.explorer_noise, t.iterations, config.seed),
+            "executor": _exploration(r.executor_noise, t.iterations, config.seed + 1),
+        })
+        self.backend = _backend(config)
+        self.verifier = kit if r.verify_elite and r.explorers else None
+        self.rewards = RewardScorer(config.rewards, self.library.graph, featurizer=self.featurizer,
+                                    n_options=len(self.library), option_names=self.library.names,
+                                    fitter=self.fitter, seed=config.seed)
         self.version = 0
         self.env_steps = 0
         self.next_iteration = 0
@@ -130,22 +132,38 @@ class Gyre:
         return self.config.manager.kind in ("learned", "flat")
 
     # ---------------------------------------------------------------- A: rollout
-    def rollout(self, iteration: int) -> list[Trajectory]:
-        t = self.config.train
+    def weights(self) -> Any:
+        return policy_weights(self.policy, self.critic) if self.learns else None
+
+    def tasks(self, iteration: int) -> list[RolloutTask]:
+        """One group per task seed: executors (small noise) and explorers (large noise)."""
+        t, r = self.config.train, self.config.roles
         cap = self.curriculum.step_cap if self.curriculum is not None else t.max_steps
-        trajectories = []
-        for group in range(t.groups_per_iteration):
-            seed = task_seed(self.config.seed, iteration, group)
-            for _ in range(t.group_size):
-                log: list | None = [] if self.buffer is not None and self.buffer.store is not None else None
-                traj = run_episode(self.env, self.library, self.manager, seed=seed,
-                                   gamma=self.config.credit.gamma, policy_version=self.version,
-                                   max_steps=cap, record_state=self.state_scaler is not None, step_log=log)
-                self.env_steps += traj.length
-                trajectories.append(traj)
-                if self.buffer is not None:
-                    self.buffer.add(traj, step_log=log)
-        return trajectories
+        seeds = [task_seed(self.config.seed, iteration, g) for g in range(t.groups_per_iteration)]
+        noise = self.noise.settings() if self.learns else {}
+        return iteration_tasks(seeds=seeds, explorers=r.explorers, executors=r.executors, noise=noise,
+                               max_steps=cap)
+
+    def rollout(self, iteration: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """A: this iteration's episodes — played now, or (async) collected from those
+        submitted during the last update, minus any staler than ``max_staleness``."""
+        b = self.config.backend
+        metrics: dict[str, float] = {}
+        if b.async_rollouts and self.backend.pending:
+            trajectories, dropped = filter_stale(self.backend.poll(timeout=None), current_version=self.version,
+                                                 max_staleness=b.max_staleness)
+            metrics["staleness/dropped"] = float(dropped)
+            metrics["staleness/lag"] = float(np.mean([self.version - t.policy_version for t in trajectories])
+                                             if trajectories else 0.0)
+        else:
+            trajectories = self.backend.collect(self.weights(), self.version, self.tasks(iteration))
+        if self.verifier is not None:
+            metrics |= Evaluator().check(self.verifier, trajectories)
+        for traj in trajectories:
+            self.env_steps += traj.length
+            if self.buffer is not None:
+                self.buffer.add(traj)
+        return trajectories, metrics
 
     def training_batch(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
         """This iteration's trajectories, or — with the buffer — its fresh, deduplicated
@@ -171,7 +189,16 @@ class Gyre:
         return Segments(calls, torch.tensor(episode, dtype=torch.long), bootstrap)
 
     # ---------------------------------------------------------------- C: score
+    def arbitrate(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """C, first half: every call's reward becomes its arbitrated, verified total
+        (guard veto > outcome > milestones and rules > PRM), its breakdown kept on it."""
+        scored = self.rewards.score(trajectories, iteration=self.next_iteration)
+        apply_breakdowns(trajectories, scored.breakdowns)
+        return scored.metrics
+
     def score(self, trajectories: list[Trajectory], seg: Segments) -> B.Batch:
+        """C: option-level advantages (milestone-anchored, blended with the outcome) and
+        critic targets, as one tensor batch."""
         R, T = len(seg.calls), seg.width
         f32 = dict(dtype=torch.float32)
         rewards, values = torch.zeros(R, T, **f32), torch.zeros(R, T, **f32)
@@ -252,6 +279,8 @@ class Gyre:
                                   minibatch_size=t.minibatch_size, generator=self.generator)
         metrics |= self.fitter.fit(self.critic_module, self._mc_targets(batch, seg), epochs=t.epochs,
                                    minibatch_size=t.minibatch_size, generator=self.generator)
+        self.noise.observe(batch[B.FEATURES], batch[B.AGENT], batch[B.MASK])
+        metrics |= self.noise.update(self.policy)
         self.version += 1
         if before is not None:
             step = parameter_step_size(before["policy"], self.policy.state_dict())
@@ -259,13 +288,19 @@ class Gyre:
             metrics["update_step_size"] = step
         return metrics | {"update_skipped": 0.0}
 
-    def validate(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """Judge the policy that produced ``trajectories`` by their verified success: keep
-        it as best, or roll back to the best when it fell too far (LR cut, batch purged)."""
+    def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
+        """Judge the current policy by verified success on greedy evaluator episodes (or,
+        with no evaluators, on ``trajectories``): keep it as best, or roll back to the best
+        when it fell too far (LR cut, latest batch purged)."""
         if self.checkpoints is None:
             return {}
+        n = self.config.roles.evaluators
+        if trajectories is None:
+            seeds = [task_seed(self.config.seed + 1, iteration, k) for k in range(n)]
+            trajectories = self.backend.collect(self.weights(), self.version, validation_tasks(seeds))
         score = episode_metrics(trajectories, ())["success_rate"]
-        return self._apply(self.checkpoints.validate(score, self.state_dict(), step=self.next_iteration))
+        out = {"validation/success_rate": score}
+        return out | self._apply(self.checkpoints.validate(score, self.state_dict(), step=iteration))
 
     def _apply(self, decision: ValidationDecision) -> dict[str, float]:
         out = {"checkpoint/rollbacks": float(len(self.checkpoints.rollbacks)),
@@ -285,7 +320,7 @@ class Gyre:
     def _warm_start_critic(self, trajectories: list[Trajectory]) -> None:
         """Initialise values conservatively at mean per-step reward / (1 − γ)."""
         steps = sum(max(t.length, 1) * len(self.env.possible_agents) for t in trajectories)
-        mean_reward = sum(t.total_reward for t in trajectories) / max(steps, 1)
+        mean_reward = sum(c.reward for t in trajectories for c in t.calls) / max(steps, 1)
         gamma = self.config.credit.gamma
         self.critic.initialise(mean_reward / (1.0 - gamma) if gamma < 1 else mean_reward)
         self.critic_initialised = True
@@ -314,21 +349,31 @@ class Gyre:
         Returns the metrics (and the iteration's trajectories if asked)."""
         start = time.perf_counter()
         self.next_iteration = i
-        trajectories = self.rollout(i)                                   # A
-        rollout_s = time.perf_counter() - start
         metrics: dict[str, float] = {"iteration": float(i)}
-        metrics |= episode_metrics(trajectories, self.library.graph.names)
-        if self.learns:
-            metrics |= self.validate(trajectories)
-            if not metrics.get("checkpoint/rolled_back"):
-                batch_trajectories, buffer_metrics = self.training_batch(trajectories)
-                seg = self.segment(batch_trajectories)                   # B
-                batch = self.score(batch_trajectories, seg)              # C
-                metrics |= buffer_metrics | self.update(batch, batch_trajectories, seg)  # D
-        if self.curriculum is not None:
-            self.curriculum.observe(self.curriculum.success_rate(trajectories))
+        evaluators = self.config.roles.evaluators
+        if self.learns and evaluators:                                       # judge the policy first
+            metrics |= self.validate(i)
+        trajectories, rollout_metrics = self.rollout(i)                     # A
+        rollout_s = time.perf_counter() - start
+        metrics |= rollout_metrics | episode_metrics(trajectories, self.library.graph.names)
+        metrics |= self.arbitrate(trajectories)                              # C: verified rewards
+        if self.learns and not evaluators:                                   # judge it by its own episodes
+            metrics |= self.validate(i, trajectories)
+        if self.learns and not metrics.get("checkpoint/rolled_back"):
+            if self.config.backend.async_rollouts:                            # next rollouts overlap the update
+                self.backend.submit(self.weights(), self.version, self.tasks(i + 1))
+            batch_trajectories, buffer_metrics = self.training_batch(trajectories)
+            metrics |= buffer_metrics | {"update_skipped": 1.0}
+            if batch_trajectories:                                           # all could be stale
+                seg = self.segment(batch_trajectories)                       # B
+                batch = self.score(batch_trajectories, seg)                  # C
+                metrics |= self.update(batch, batch_trajectories, seg)       # D
+        if self.curriculum is not None:  # log the phase this iteration ran in, then promote
             metrics |= {"curriculum_phase": float(PHASES.index(self.curriculum.phase)),
                         "curriculum_step_cap": float(self.curriculum.step_cap)}
+            self.curriculum.observe(self.curriculum.success_rate(trajectories))
+        alarms = self.rewards.alarms(metrics, i)
+        metrics |= self.rewards.monitor.metrics() | {"alarms": float(len(alarms))}
         self.next_iteration = i + 1
         metrics |= {"env_steps": float(self.env_steps), "policy_version": float(self.version),
                     "rollout_seconds": rollout_s, "iteration_seconds": time.perf_counter() - start}
@@ -337,22 +382,19 @@ class Gyre:
         return (metrics, trajectories) if return_trajectories else metrics
 
     def _generators(self) -> dict[str, torch.Generator]:
-        gens = {"minibatch": self.generator}
-        if isinstance(self.manager, LearnedManager):
-            gens["manager"] = self.manager.generator
-        return gens
+        return {"minibatch": self.generator, "rewards": self.rewards.generator}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue bit for bit (the buffer's pools
         excepted: their observations are not kept)."""
-        numpy_gens = {"random_manager": self.manager.rng} if isinstance(self.manager, RandomManager) else {}
         return {
             "policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
             "manager_optimizer": self.manager_module.optimizers().optimizer.state_dict(),
             "critic_optimizer": self.critic_module.optimizers().optimizer.state_dict(),
             "version": self.version, "env_steps": self.env_steps, "next_iteration": self.next_iteration,
             "critic_initialised": self.critic_initialised,
-            "rng": rng_snapshot(torch_generators=self._generators(), numpy_generators=numpy_gens),
+            "rng": rng_snapshot(torch_generators=self._generators()),
+            "noise": self.noise.state_dict(), "rewards": self.rewards.state_dict(),
             "nan_guard": self.nan_guard.state_dict(),
             "buffer": self.buffer.state_dict() if self.buffer is not None else None,
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
@@ -368,8 +410,11 @@ class Gyre:
         self.next_iteration = state.get("next_iteration", 0)
         self.critic_initialised = state["critic_initialised"]
         if "rng" in state:
-            numpy_gens = {"random_manager": self.manager.rng} if isinstance(self.manager, RandomManager) else {}
-            restore_rng(state["rng"], torch_generators=self._generators(), numpy_generators=numpy_gens)
+            restore_rng(state["rng"], torch_generators=self._generators())
+        if "noise" in state:
+            self.noise.load_state_dict(state["noise"])
+        if "rewards" in state:
+            self.rewards.load_state_dict(state["rewards"])
         if state.get("nan_guard") is not None:
             self.nan_guard.load_state_dict(state["nan_guard"])
         if state.get("buffer") is not None and self.buffer is not None:
@@ -386,6 +431,24 @@ class Gyre:
             raise ValueError(f"cannot resume: {str(run_dir)!r} has no latest checkpoint")
         gyre.load_state_dict(gyre.checkpoints.load("latest"))
         return gyre
+
+
+def _exploration(n: Any, iterations: int, seed: int) -> Any:
+    """A role's exploration from its NoiseConfig: parameter noise, or the action-noise ablation."""
+    schedule = AnnealSchedule(n.start, n.end, n.anneal_iterations or iterations, n.schedule)
+    if n.kind == "param":
+        return ParamNoise(schedule, initial_sigma=n.initial_sigma, adaptation=n.adaptation,
+                          adapt_steps=n.adapt_steps, window=n.window, seed=seed)
+    return make_exploration(n.kind, schedule, window=n.window)
+
+
+def _backend(config: ExperimentConfig) -> Any:
+    b = config.backend
+    if b.name == "ray":
+        return make_backend("ray", config, workers=b.workers, max_restarts=b.max_restarts,
+                            max_attempts=b.max_attempts, sample_timeout_s=b.sample_timeout_s,
+                            cpus_per_worker=b.cpus_per_worker, init=b.ray_init)
+    return make_backend("local", config)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ choice becomes an :class:`OptionCall`; an episode becomes a :class:`Trajectory`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,6 +76,8 @@ class OptionCall:
     termination: Termination | None = None
     state: np.ndarray | None = None
     """Global state at the decision (only with ``record_state``; centralised critic)."""
+    breakdown: Any = None
+    """The arbitrated RewardBreakdown once the evaluator scored it; ``reward`` is then its total."""
 
     @property
     def option_terminated(self) -> bool:
@@ -100,6 +102,8 @@ class Trajectory:
     """Each agent's last observation and the verified milestones then (for bootstrapping)."""
     final_state: np.ndarray | None = None
     """Global state at the end (only with ``record_state``)."""
+    rule_results: Any = None
+    """What the rule engine found at option and episode ends (gyre_ma.rewards.rules.RuleResults)."""
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]
@@ -123,13 +127,15 @@ def run_episode(
     max_steps: int | None = None,
     record_state: bool = False,
     step_log: list[tuple[dict, dict]] | None = None,
+    on_option_end: Callable[[OptionCall, Any], None] | None = None,
 ) -> Trajectory:
     """Roll one episode out, option by option, and return its whole trajectory.
 
     ``max_steps`` is the primitive step cap (defaults to the env's own ``max_cycles``);
     reaching it truncates every running option. ``record_state`` stores ``env.state()``
     at every decision (for a centralised critic); ``step_log`` receives each step's
-    (actions, rewards), for the trajectory store. Once every goal is verified the task is
+    (actions, rewards), for the trajectory store; ``on_option_end(call, env)`` runs as each
+    option call ends, while the env holds the state it ended in (rule checks). Once every goal is verified the task is
     done: the episode ends there, as a termination.
     """
     observations, _ = env.reset(seed=seed)
@@ -213,6 +219,8 @@ def run_episode(
                     m for m, s in traj.milestone_steps.items() if s > call.start_step
                 )
                 running[a] = None
+                if on_option_end is not None:
+                    on_option_end(call, env)
     for run in running.values():  # agents still mid-option when the cap or the env ended it
         if run is not None and run.call.termination is None:
             run.call.truncated = not run.call.terminated
@@ -220,6 +228,8 @@ def run_episode(
             run.call.milestones = tuple(
                 m for m, s in traj.milestone_steps.items() if s > run.call.start_step
             )
+            if on_option_end is not None:
+                on_option_end(run.call, env)
     for a in env.possible_agents:
         if a in observations:
             traj.final[a] = (observations[a], verified)

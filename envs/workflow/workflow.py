@@ -867,3 +867,14 @@ def env(**kwargs: Any):
     aec = raw_env(**kwargs)
     aec = wrappers.AssertOutOfBoundsWrapper(aec)
     return wrappers.OrderEnforcingWrapper(aec)
+
+
+def rule_facts(env: Any) -> dict[str, Any]:
+    """Workspace facts for reward rules beyond the default snapshot (``rewards.snapshot``):
+    report sections written, data lost to a wrong cleaning order, timed-out calls."""
+    ws = env.unwrapped.workspace if hasattr(env, "unwrapped") else env.workspace
+    return {
+        "report_sections": len(ws.report),
+        "data_loss": bool(ws.dataset is not None and ws.dataset.data_loss),
+        "failed_calls": sum(st.failed is not None for st in ws.agents.values()),
+    }

@@ -51,9 +51,9 @@ class RewardConfig(BaseModel):
     failure_cap: float | None = Field(0.8, ge=0.0, le=1.0)
     """In a failed episode, an agent's positive shaping is capped at this fraction of the
     outcome reward (None: no cap)."""
-    prm_weight: float = Field(0.1, ge=0.0, allow_inf_nan=False)
+    prm_weight: float = Field(0.01, ge=0.0, allow_inf_nan=False)
     """Weight of the PRM part (before the cap and the drift monitor's cut)."""
-    prm_weight_cap: float = Field(0.2, ge=0.0, allow_inf_nan=False)
+    prm_weight_cap: float = Field(0.015, ge=0.0, allow_inf_nan=False)
     """Hard cap on the PRM weight; must stay below the smallest milestone reward."""
     rules: list[RuleSpec] = Field(default_factory=list)
     """Rules (see ``gyre_ma.rewards.rules``): process rules and guards over env state."""

@@ -40,8 +40,10 @@ def test_same_config_and_seed_give_identical_metrics_and_weights():
 def test_every_call_carries_version_and_update_changes_policy():
     gyre, _ = run(DOORKEY, 1)
     before = [p.clone() for p in gyre.policy.parameters()]
-    trajectories = gyre.rollout(1)
+    trajectories, _ = gyre.rollout(1)
     assert all(c.policy_version == 1 for t in trajectories for c in t.calls)
+    gyre.arbitrate(trajectories)
+    assert all(c.breakdown is not None and c.reward == c.breakdown.total for t in trajectories for c in t.calls)
     seg = gyre.segment(trajectories)
     batch = gyre.score(trajectories, seg)
     assert batch["advantage"].shape == batch["option"].shape
@@ -53,7 +55,7 @@ def test_every_call_carries_version_and_update_changes_policy():
 
 def test_nan_loss_skips_the_update():
     gyre, _ = run(DOORKEY, 1)
-    trajectories = gyre.rollout(1)
+    trajectories, _ = gyre.rollout(1)
     seg = gyre.segment(trajectories)
     batch = gyre.score(trajectories, seg)
     batch["advantage"] = torch.full_like(batch["advantage"], math.nan)
@@ -66,7 +68,7 @@ def test_nan_loss_skips_the_update():
 def test_centralised_critic_values_the_global_state():
     gyre, history = run(DOORKEY, 2, **{"manager.centralised_critic": True})
     assert gyre.critic.body[0].in_features == gyre.state_scaler.dim + gyre.config.manager.agent_embedding
-    trajectories = gyre.rollout(2)
+    trajectories, _ = gyre.rollout(2)
     assert all(c.state is not None and c.state.shape == (gyre.state_scaler.dim,) for t in trajectories for c in t.calls)
     batch = gyre.score(trajectories, gyre.segment(trajectories))
     assert batch["state"].shape == (batch["option"].shape[0], gyre.state_scaler.dim)

@@ -21,7 +21,7 @@ def test_config_fields_are_documented_validated_and_capped():
     cfg = RewardConfig()
     for name, f in RewardConfig.model_fields.items():
         assert f.description, f"RewardConfig.{name} has no docstring"
-    assert cfg.effective_prm_weight == 0.1
+    assert cfg.effective_prm_weight == 0.01  # the default weight, below its cap
     assert RewardConfig(prm_weight=5.0, prm_weight_cap=0.3).effective_prm_weight == 0.3
     with pytest.raises(ValidationError, match="wieght"):
         RewardConfig(rules=[{"name": "x", "require": {"k": 1}, "wieght": 1}])

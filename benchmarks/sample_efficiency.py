@@ -1,0 +1,158 @@
+"""Env steps to verified success: manager (milestone-anchored credit) vs manager (plain
+GAE) vs flat PPO in the framework vs Stable-Baselines3 PPO, with random and oracle bounds.
+
+On the default tech-tree task (2 agents, oracle path ≥ 1,000 primitive steps) and on its
+one-agent variant (where SB3, a single-agent library, runs through ``to_gymnasium``).
+Every learner sees the same environment and the same verified milestone rewards.
+Prints one JSON object; writes a PNG of the learning curves (``--png``).
+
+    python benchmarks/sample_efficiency.py --seeds 3 --iterations 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from gyre_ma.config import parse_config
+from gyre_ma.envs.registry import make_env, make_library, make_oracle
+from gyre_ma.loop import Gyre
+from gyre_ma.rollout import run_episode
+
+ENV = {"id": "techtree_v0", "kwargs": {"milestone_rewards": True}}
+TRAIN = {"episodes_per_iteration": 16, "group_size": 4, "minibatch_size": 256, "epochs": 4, "lr": 1e-3}
+
+
+def config(name: str, seed: int, iterations: int, n_agents: int, **sections: Any) -> Any:
+    env = {"id": ENV["id"], "kwargs": {**ENV["kwargs"], "n_agents": n_agents}}
+    return parse_config({
+        "name": name, "seed": seed, "env": env, "manager": {"hidden": 64},
+        "credit": {"gamma": 0.995, "lam": 0.95, **sections.pop("credit", {})},
+        "train": {**TRAIN, "iterations": iterations, **sections.pop("train", {})},
+        "roles": {"explorers": 1, "executors": 3, "evaluators": 0},
+        "checkpoints": {"enabled": False}, **sections,
+    })
+
+
+def steps_to(curve: list[tuple[float, float]], level: float) -> float | None:
+    return next((steps for steps, rate in curve if rate >= level), None)
+
+
+def run_gyre(cfg: Any, budget_steps: float | None = None) -> dict[str, Any]:
+    gyre = Gyre(cfg)
+    curve, lengths = [], []
+    start = time.perf_counter()
+    for i in range(cfg.train.iterations):
+        m = gyre.iteration(i)
+        curve.append((m["env_steps"], m["success_rate"]))
+        lengths.append(m["episode_length"])
+        if budget_steps is not None and m["env_steps"] >= budget_steps:
+            break
+    tail = [r for _, r in curve[-5:]]
+    return {"curve": curve, "final_success": float(np.mean(tail)), "steps_to_90": steps_to(curve, 0.9),
+            "env_steps": curve[-1][0], "episode_length_last": float(np.mean(lengths[-5:])),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def run_fixed(kind: str, n_agents: int, episodes: int) -> dict[str, Any]:
+    from gyre_ma.agents.baselines import RandomManager
+
+    env = make_env(ENV["id"], **ENV["kwargs"], n_agents=n_agents)
+    library = make_library(ENV["id"], env)
+    manager = make_oracle(ENV["id"], env, library) if kind == "oracle" else RandomManager(0)
+    trajs = [run_episode(env, library, manager, seed=10_000 + s) for s in range(episodes)]
+    return {"success": float(np.mean([t.success for t in trajs])),
+            "episode_length": float(np.mean([t.length for t in trajs]))}
+
+
+def run_sb3(seed: int, budget_steps: int, n_eval: int = 20) -> dict[str, Any]:
+    from stable_baselines3 import PPO
+
+    from gyre_ma.envs.adapters import to_gymnasium
+
+    view = to_gymnasium(make_env(ENV["id"], **ENV["kwargs"], n_agents=1))
+    model = PPO("MlpPolicy", view, seed=seed, device="cpu", verbose=0)
+    start = time.perf_counter()
+    model.learn(total_timesteps=budget_steps)
+    successes = 0
+    for k in range(n_eval):
+        obs, info = view.reset(seed=20_000 + k)
+        done = False
+        while not done:
+            action, _ = model.predict(obs, deterministic=False)
+            obs, _, terminated, truncated, info = view.step(int(action))
+            done = terminated or truncated
+        successes += info["success"]
+    return {"final_success": successes / n_eval, "env_steps": budget_steps,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=150, help="manager iterations per run")
+    parser.add_argument("--flat-multiplier", type=float, default=10.0, help="flat PPO budget ÷ manager budget")
+    parser.add_argument("--one-agent", action="store_true", help="also run the n_agents=1 comparison with SB3")
+    parser.add_argument("--png", default="sample_efficiency.png")
+    args = parser.parse_args()
+    out: dict[str, Any] = {"benchmark": "sample_efficiency", "env": ENV, "seeds": args.seeds,
+                           "iterations": args.iterations, "runs": {}}
+    out["oracle"] = run_fixed("oracle", 2, 20)
+    out["random"] = run_fixed("random", 2, 20)
+    variants = {
+        "manager_milestone": {"credit": {"mode": "blend"}},
+        "manager_plain_gae": {"credit": {"mode": "plain"}},
+    }
+    for name, sections in variants.items():
+        out["runs"][name] = [run_gyre(config(name, s, args.iterations, 2, **dict(sections))) for s in range(args.seeds)]
+    budget = args.flat_multiplier * float(np.mean([r["env_steps"] for r in out["runs"]["manager_milestone"]]))
+    out["runs"]["flat_ppo"] = [
+        run_gyre(config("flat", s, 10**6, 2, manager={"kind": "flat", "hidden": 64},
+                        credit={"mode": "plain"}, train={"episodes_per_iteration": 8}), budget)
+        for s in range(args.seeds)]
+    if args.one_agent:
+        one = [run_gyre(config("one", s, args.iterations, 1, credit={"mode": "blend"})) for s in range(args.seeds)]
+        out["runs"]["one_agent_manager_milestone"] = one
+        sb3_budget = int(args.flat_multiplier * np.mean([r["env_steps"] for r in one]))
+        out["runs"]["one_agent_sb3_ppo"] = [run_sb3(s, sb3_budget) for s in range(args.seeds)]
+    out["summary"] = {
+        name: {"final_success_mean": float(np.mean([r["final_success"] for r in runs])),
+               "steps_to_90": [r.get("steps_to_90") for r in runs],
+               "env_steps_mean": float(np.mean([r["env_steps"] for r in runs]))}
+        for name, runs in out["runs"].items()}
+    learned = out["runs"]["manager_milestone"]
+    out["summary"]["learned_length_over_oracle"] = float(
+        np.mean([r["episode_length_last"] for r in learned]) / out["oracle"]["episode_length"])
+    plot(out, args.png)
+    print(json.dumps(out))
+
+
+def plot(out: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for (name, runs), colour in zip(out["runs"].items(), plt.cm.tab10.colors, strict=False):
+        for k, run in enumerate(runs):
+            if "curve" in run:
+                steps, rates = zip(*run["curve"], strict=True)
+                ax.plot(steps, rates, color=colour, alpha=0.8, label=name if k == 0 else None)
+    ax.axhline(out["oracle"]["success"], color="black", linestyle="--", label="oracle")
+    ax.axhline(out["random"]["success"], color="grey", linestyle=":", label="random eligible order")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("verified success rate")
+    ax.set_xscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Kill-and-resume, rollback after a provoked collapse, NaN guard, curriculum phases."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+from gyre_ma.checkpoints import load_checkpoint
+from gyre_ma.config import load_config
+from gyre_ma.loop import Gyre
+
+ROOT = Path(__file__).resolve().parents[2]
+DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
+
+
+def write_config(tmp_path: Path, name: str, base: Path = DOORKEY, **overrides) -> Path:
+    data = yaml.safe_load(base.read_text())
+    data["name"] = name
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def train(config: Path, run_root: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root",
+                             str(run_root), "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_killed_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path):
+    iterations = "6"
+    straight = train(write_config(tmp_path, "straight"), tmp_path, "--iterations", iterations)
+    _, err = straight.communicate(timeout=600)
+    assert straight.returncode == 0, err
+
+    config = write_config(tmp_path, "killed")
+    run_dir = tmp_path / "killed"
+    victim = train(config, tmp_path, "--iterations", iterations)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill it mid-run, once half the iterations are logged
+        csv = run_dir / "metrics.csv"
+        if csv.exists() and len(csv.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.05)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    assert not (run_dir / "checkpoints" / "final.pt").exists()
+    resumed = train(config, tmp_path, "--iterations", iterations, "--resume")
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "final.pt")
+    b = load_checkpoint(run_dir / "checkpoints" / "final.pt")
+    for part in ("policy", "critic"):
+        assert a[part].keys() == b[part].keys()
+        for key in a[part]:
+            assert torch.equal(a[part][key], b[part][key]), f"{part}.{key} differs after resume"
+    assert a["version"] == b["version"] and a["env_steps"] == b["env_steps"]
+    logged = pd.read_csv(run_dir / "metrics.csv")
+    assert logged["iteration"].tolist() == list(range(int(iterations)))  # no row lost or repeated
+
+
+def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_path):
+    config = write_config(tmp_path, "fresh")
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),
+                          "--quiet", "--resume"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "no latest checkpoint" in out.stderr
+    ok = train(config, tmp_path, "--iterations", "1")
+    assert ok.wait(timeout=300) == 0
+    again = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),
+                            "--quiet", "--iterations", "1"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+
+def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):
+    """A learning-rate spike on a sign-flipped update (a reward bug) wrecks the policy;
+    validation catches it, the best parameters come back and the LR is halved."""
+    cfg = load_config(DOORKEY, {"env.kwargs": {"max_cycles": 20}, "roles.evaluators": 8,
+                                "checkpoints.rollback_threshold": 0.3})
+    gyre = Gyre(cfg, tmp_path / "run")
+    turn = gyre.library.index("turn")
+    with torch.no_grad():
+        gyre.policy.head.bias[turn] = -6.0  # a competent policy: it rarely dawdles
+    update = gyre.update
+
+    def spiked(batch, trajectories, seg):
+        if gyre.next_iteration == 1:
+            for group in gyre.manager_module.optimizers().optimizer.param_groups:
+                group["lr"] = 1.0
+            batch = dict(batch, advantage=(batch["option"] == turn).float() * 10.0)
+        return update(batch, trajectories, seg)
+
+    gyre.update = spiked
+    history = [gyre.iteration(i) for i in range(3)]
+    assert history[0]["validation/success_rate"] >= 0.75
+    best = gyre.checkpoints.load("best")
+    assert history[2]["validation/success_rate"] < history[0]["validation/success_rate"] - 0.3
+    assert history[2]["checkpoint/rolled_back"] == 1.0
+    assert history[2]["checkpoint/lr_scale"] == 0.5
+    for key, value in best["policy"].items():
+        assert torch.equal(gyre.policy.state_dict()[key], value)
+    lrs = [g["lr"] for g in gyre.manager_module.optimizers().optimizer.param_groups]
+    assert all(math.isclose(lr, cfg.train.lr * 0.5) for lr in lrs)
+    assert gyre.checkpoints.rollbacks and gyre.checkpoints.rollbacks[-1].step == 2
+
+
+def test_nan_rewards_skip_updates_then_roll_back(tmp_path):
+    cfg = load_config(DOORKEY, {"checkpoints.nan_max_consecutive": 2, "roles.evaluators": 0})
+    gyre = Gyre(cfg, tmp_path / "run")
+    gyre.iteration(0)
+    score = gyre.score
+
+    def poisoned(trajectories, seg):
+        batch = score(trajectories, seg)
+        return dict(batch, advantage=torch.full_like(batch["advantage"], math.nan))
+
+    gyre.score = poisoned
+    before = {k: v.clone() for k, v in gyre.policy.state_dict().items()}
+    first = gyre.iteration(1)
+    assert first["update_skipped"] == 1.0 and first.get("checkpoint/rolled_back", 0.0) == 0.0
+    assert all(torch.equal(before[k], v) for k, v in gyre.policy.state_dict().items())
+    second = gyre.iteration(2)
+    assert second["update_skipped"] == 1.0 and second["checkpoint/rolled_back"] == 1.0
+    assert second["checkpoint/lr_scale"] == 0.5
+
+
+def test_curriculum_phases_change_and_show_in_the_plot(tmp_path):
+    from gyre_ma.monitor import plot_run
+
+    config = write_config(tmp_path, "cur", ROOT / "configs" / "quickstart.yaml", **{
+        "curriculum.enabled": True, "curriculum.threshold": 0.5, "curriculum.window": 1,
+        "curriculum.warmup_goal": "place_table", "curriculum.oracle_episodes": 2,
+        "train.episodes_per_iteration": 4, "roles.evaluators": 2})
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),
+                          "--quiet", "--iterations", "4"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    metrics = pd.read_csv(tmp_path / "cur" / "metrics.csv")
+    phases = metrics["curriculum_phase"].tolist()
+    assert phases[0] == 0 and phases[-1] > 0, phases
+    caps = metrics["curriculum_step_cap"].tolist()
+    assert caps[0] < caps[-1]
+    png = plot_run(tmp_path / "cur")
+    assert png.read_bytes()[:4] == b"\x89PNG"

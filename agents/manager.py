@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -9,6 +11,9 @@ from torch import nn
 
 from gyre_ma.envs.base import NumericView
 from gyre_ma.options.library import OptionLibrary
+
+if TYPE_CHECKING:
+    from gyre_ma.rollout import Decision, OptionCall
 
 
 class StateScaler:
@@ -43,7 +48,7 @@ class Featurizer:
         self.obs_dim = int(flat.shape[0])
         self.dim = self.obs_dim + len(self.milestones) + self.n_options + 2
 
-    def __call__(self, d: Decision) -> np.ndarray:
+    def __call__(self, d: Decision | OptionCall) -> np.ndarray:
         obs = self.view(d.observation).astype(np.float32)
         out = np.zeros(self.dim, dtype=np.float32)
         out[: self.obs_dim] = (obs - self._offset) * self._scale

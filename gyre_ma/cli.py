@@ -13,7 +13,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gyre_ma.config import ConfigError, ExperimentConfig, load_config
+from gyre_ma.config import ExperimentConfig, load_config
+from gyre_ma.yaml_file import read_yaml
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -30,12 +31,7 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
 
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.exists():
-            raise UsageError(f"file {source!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        data = read_yaml(path, "file", UsageError)
         if isinstance(data, dict) and "options" in data and "graph" in data:
             return OptionLibrary.from_spec(data, where=path.name), None
         config = load_config(path)
@@ -97,7 +93,13 @@ def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from gyre_ma.checkpoints import save_checkpoint
     from gyre_ma.config import dump_config
@@ -156,9 +158,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
+    from gyre_ma.agents.roles import RolloutTask
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import parse_config
-    from gyre_ma.agents.roles import RolloutTask
     from gyre_ma.loop import Gyre, episode_metrics
 
     if args.episodes < 1:

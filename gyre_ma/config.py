@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gyre_ma.rewards.arbiter import RewardConfig
+from gyre_ma.yaml_file import read_yaml
 
 
 class ConfigError(ValueError):
@@ -312,12 +313,7 @@ def parse_config(data: Any, source: str = "config") -> ExperimentConfig:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read a YAML config; ``overrides`` are dotted keys (``train.iterations``) applied on top."""
     p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(p, "config file", ConfigError)
     if overrides:
         data = dict(data or {})
         for dotted, value in overrides.items():

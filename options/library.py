@@ -12,6 +12,7 @@ import yaml
 
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.option import Option, OptionContext
+from gyre_ma.yaml_file import read_yaml
 
 _OPTION_KEYS = {
     "name", "milestone", "policy", "initiation", "done", "failure", "max_steps", "repeatable",
@@ -202,13 +203,7 @@ class OptionLibrary:
         text = str(source)
         path = Path(text)
         if path.suffix in (".yaml", ".yml") or path.exists():
-            if not path.exists():
-                raise ValueError(f"library file {text!r} does not exist")
-            try:
-                spec = yaml.safe_load(path.read_text())
-            except yaml.YAMLError as exc:
-                raise ValueError(f"library file {text!r} is not valid YAML: {exc}") from None
-            return cls.from_spec(spec, where=path.name)
+            return cls.from_spec(read_yaml(path, "library file"), where=path.name)
         factory = resolve(text, "library")
         library = factory() if callable(factory) and not isinstance(factory, OptionLibrary) else factory
         if not isinstance(library, OptionLibrary):

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gyre_ma.envs.base import unwrap
@@ -42,6 +41,7 @@ from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import resolve
 from gyre_ma.rewards.milestones import first_verified, last_calls
 from gyre_ma.rollout import Choice, Decision, OptionCall, Trajectory
+from gyre_ma.yaml_file import read_yaml
 
 log = logging.getLogger("gyre_ma.rewards")
 
@@ -229,12 +229,7 @@ def load_rules(source: str | Path | Sequence[Mapping[str, Any] | RuleSpec | Rule
     items: Any = source
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if not path.exists():
-            raise ValueError(f"rules file {str(path)!r} does not exist")
-        try:
-            items = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ValueError(f"rules file {str(path)!r} is not valid YAML: {exc}") from None
+        items = read_yaml(path, "rules file")
         where = path.name
         if isinstance(items, Mapping):
             items = items.get("rules")

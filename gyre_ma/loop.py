@@ -469,6 +469,9 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         "episode_reward": float(np.mean([t.total_reward for t in trajectories])) if trajectories else 0.0,
         "option_calls": float(np.mean([len(t.calls) for t in trajectories])) if trajectories else 0.0,
     }
+    tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
+    if tools:
+        out["tool_calls"] = float(np.mean(tools))
     for m in milestones:
         out[f"milestone/{m}"] = sum(m in t.milestone_steps for t in trajectories) / n
     return out

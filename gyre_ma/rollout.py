@@ -102,6 +102,8 @@ class Trajectory:
     """Each agent's last observation and the verified milestones then (for bootstrapping)."""
     final_state: np.ndarray | None = None
     """Global state at the end (only with ``record_state``)."""
+    tool_calls: int | None = None
+    """Tool calls made in the episode, where the env counts them (``env.tool_calls()``)."""
     rule_results: Any = None
     """What the rule engine found at option and episode ends (gyre_ma.rewards.rules.RuleResults)."""
 
@@ -235,6 +237,8 @@ def run_episode(
             traj.final[a] = (observations[a], verified)
     if record_state:
         traj.final_state = _global_state(env)
+    if callable(getattr(env, "tool_calls", None)):
+        traj.tool_calls = int(env.tool_calls())
     traj.length = step
     traj.success = goals <= verified
     return traj

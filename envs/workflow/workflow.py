@@ -497,6 +497,10 @@ class WorkflowEnv(ParallelEnv):
         """Milestones whose predicate held on the workspace at some step of this episode."""
         return frozenset(self._verified)
 
+    def tool_calls(self) -> int:
+        """Tool calls the team has made this episode (for the monitor's call-count alarms)."""
+        return sum(st.tool_calls for st in self.workspace.agents.values())
+
     def surface_flags(self) -> dict[str, bool]:
         """What a naive grader would look at, next to the verified goal."""
         ws = self.workspace

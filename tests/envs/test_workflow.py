@@ -341,3 +341,11 @@ def test_library_covers_every_milestone_and_never_masks_everything() -> None:
     assert {"retry_tool", "wait", "submit_report"} <= set(library.names)
     assert library.mask(frozenset())[library.index("wait")]
     assert library.to_spec()["options"]  # every callable is importable by reference
+
+
+def test_trajectories_count_the_tool_calls_the_env_made() -> None:
+    library = make_library()
+    env = workflow_v0.parallel_env()
+    traj = run_episode(env, library, OracleManager(library=library), seed=3)
+    assert traj.tool_calls == env.tool_calls() == sum(st.tool_calls for st in env.workspace.agents.values())
+    assert traj.tool_calls >= len({c.option for c in traj.calls})  # every option used at least one tool

@@ -108,7 +108,16 @@ class _RandomWithUpkeep:
         return out
 
 
-ENVS: dict[str, Callable[[int], dict[str, Any]]] = {"techtree_v0": techtree_v0}
+def workflow_v0(seeds: int) -> dict[str, Any]:
+    """Default workflow_v0 (three agents, 480 steps): oracle vs random eligible order."""
+    from gyre_ma.envs.workflow.oracle import baseline_rates
+
+    start = time.perf_counter()
+    rates = baseline_rates(n_seeds=seeds)
+    return {"config": "default", "seeds": seeds, **rates, "seconds": round(time.perf_counter() - start, 2)}
+
+
+ENVS: dict[str, Callable[[int], dict[str, Any]]] = {"techtree_v0": techtree_v0, "workflow_v0": workflow_v0}
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ def task_seed(seed: int, iteration: int, group: int) -> int:
 
 
 class Gyre:
-    """One experiment's learner and its rollout, on the local backend."""
+    """One experiment's learner; its rollouts run on the configured backend (local or Ray)."""
 
     def __init__(self, config: ExperimentConfig, run_dir: str | Path | None = None) -> None:
         """``run_dir`` holds checkpoints and the trajectory store; without it the learner

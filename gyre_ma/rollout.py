@@ -15,7 +15,7 @@ import numpy as np
 
 from gyre_ma.envs.base import GyreEnv
 from gyre_ma.options.library import OptionLibrary
-from gyre_ma.options.option import OptionContext, Termination
+from gyre_ma.options.option import Option, OptionContext, Termination
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,7 @@ class Trajectory:
 class _Running:
     call: OptionCall
     ctx: OptionContext
+    option: Option
     discount: float = 1.0
 
 
@@ -187,16 +188,18 @@ def run_episode(
                 traj.calls.append(call)
                 last[d.agent] = choice.option
                 running[d.agent] = _Running(
-                    call, OptionContext(d.agent, env, d.observation, verified, rng=rng)
+                    call, OptionContext(d.agent, env, d.observation, verified, rng=rng), library[choice.option]
                 )
-        actions = {a: library[running[a].call.option].policy(running[a].ctx) for a in env.agents}
+        actions = {a: running[a].option.policy(running[a].ctx) for a in env.agents}
         observations, rewards, terms, truncs, _ = env.step(actions)
         if step_log is not None:
             step_log.append((actions, dict(rewards)))
         step += 1
         verified = env.verified_milestones()
-        for m in verified:
-            traj.milestone_steps.setdefault(m, step)
+        if len(verified) != len(traj.milestone_steps):  # monotone: only new ones to stamp
+            for m in verified:
+                traj.milestone_steps.setdefault(m, step)
+        finished = goals <= verified
         for a in actions:
             run = running[a]
             call, ctx = run.call, run.ctx
@@ -210,9 +213,9 @@ def run_episode(
             ctx.achieved = verified
             if a in observations:
                 ctx.observation = observations[a]
-            call.terminated = bool(terms.get(a, False)) or goals <= verified
+            call.terminated = bool(terms.get(a, False)) or finished
             call.truncated = bool(truncs.get(a, False)) or (step >= cap and not call.terminated)
-            reason = library[call.option].termination(ctx, verified)
+            reason = run.option.termination(ctx, verified)
             if call.terminated or call.truncated:
                 reason = reason or Termination.EPISODE
             if reason is not None:

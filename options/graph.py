@@ -8,6 +8,7 @@ its prerequisite groups has at least one achieved member.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -295,7 +296,7 @@ class TaskGraph:
             linewidths=[3 if n in self.goals else 1 for n in g],
         )
         nx.draw_networkx_labels(
-            g, pos, ax=ax, labels={n: n.replace("_", "\n", 1) for n in g}, font_size=8
+            g, pos, ax=ax, labels={n: "\n".join(textwrap.wrap(n.replace("_", " "), 10)) for n in g}, font_size=8
         )
         ax.legend(
             handles=[Patch(color=c, label=k) for k, c in _COLOURS.items()]

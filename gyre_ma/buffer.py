@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gyre_ma.options.option import Termination
-from gyre_ma.rollout import OptionCall, Trajectory
+from gyre_ma.rollout import OptionCall, Trajectory, trajectory_from_state, trajectory_to_state
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -965,10 +965,16 @@ class TrajectoryBuffer:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters, seen milestones, id sequence and RNG state — not the pools (a resumed
-        run refills them; their observations are not checkpointed)."""
-        return {"next_id": self._next_id, "seen_milestones": sorted(self.seen_milestones),
-                "stats": dataclasses.asdict(self.stats), "rng": self.rng.bit_generator.state}
+        """Counters, seen milestones, id sequence, RNG state and the pools themselves (their
+        trajectories as plain data), so a resumed run samples what the killed one would."""
+        with self._lock:
+            return {
+                "next_id": self._next_id, "seen_milestones": sorted(self.seen_milestones),
+                "stats": dataclasses.asdict(self.stats), "rng": self.rng.bit_generator.state,
+                "pools": {"fresh": list(self._fresh), "top": list(self._top), "turning": list(self._turning),
+                          "trajectories": {tid: trajectory_to_state(e.trajectory)
+                                           for tid, e in self._entries.items()}},
+            }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         with self._lock:
@@ -976,6 +982,16 @@ class TrajectoryBuffer:
             self.seen_milestones |= set(state["seen_milestones"])
             self.stats = BufferStats(**state["stats"])
             self.rng.bit_generator.state = state["rng"]
+            pools = state.get("pools")
+            if pools is None:
+                return
+            entries = {int(tid): Entry(int(tid), traj := trajectory_from_state(s), segment_hashes(traj))
+                       for tid, s in pools["trajectories"].items()}
+            for name, pool in (("fresh", self._fresh), ("top", self._top), ("turning", self._turning)):
+                for tid in pools[name]:
+                    self._hold(entries[int(tid)])
+                    pool[int(tid)] = entries[int(tid)]
+            self._fresh_calls = sum(e.n_calls for e in self._fresh.values())
 
 
 __all__ = [

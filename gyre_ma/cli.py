@@ -139,7 +139,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 progress.update(task, advance=1, steps=int(metrics["env_steps"]),
                                 success=f"{metrics['success_rate']:.0%}")
     finally:
-        gyre.backend.close()
+        gyre.close()
     monitor.close()
     checkpoint = save_checkpoint(run_dir / "checkpoints" / "final.pt", gyre.state_dict())
     table = Table(title=f"run {config.name!r} — summary")
@@ -173,7 +173,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         trajectories = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
     finally:
-        gyre.backend.close()
+        gyre.close()
     metrics = episode_metrics(trajectories, gyre.library.graph.names)
     metrics |= gyre.arbitrate(trajectories)
     table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes")

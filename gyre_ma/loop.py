@@ -422,6 +422,12 @@ class Gyre:
         if state.get("curriculum") is not None and self.curriculum is not None:
             self.curriculum.load_state_dict(state["curriculum"])
 
+    def close(self) -> None:
+        """Release what the learner holds open: rollout workers, the trajectory store."""
+        self.backend.close()
+        if self.buffer is not None:
+            self.buffer.close()
+
     @classmethod
     def resume(cls, config: ExperimentConfig, run_dir: str | Path) -> Gyre:
         """A learner restored from ``run_dir``'s latest checkpoint; it continues at

@@ -7,6 +7,7 @@ choice becomes an :class:`OptionCall`; an episode becomes a :class:`Trajectory`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -249,3 +250,60 @@ def run_episode(
 
 def _global_state(env: GyreEnv) -> np.ndarray:
     return np.asarray(env.state(), dtype=np.float32).ravel()
+
+
+# ---------------------------------------------------------------- checkpointable form
+
+def trajectory_to_state(traj: Trajectory) -> dict[str, Any]:
+    """A trajectory as plain data (numbers, strings, lists, dicts, numpy arrays) that a
+    ``weights_only`` checkpoint can hold; :func:`trajectory_from_state` inverts it. The
+    rule engine's raw results are dropped: by then they are folded into the breakdowns."""
+    calls = []
+    for c in traj.calls:
+        d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+        d["achieved"] = sorted(c.achieved)
+        d["milestones"] = list(c.milestones)
+        d["termination"] = c.termination.value if c.termination is not None else None
+        d["breakdown"] = _plain(c.breakdown)
+        calls.append(d)
+    state = {f.name: getattr(traj, f.name) for f in dataclasses.fields(traj)}
+    state = {k: _plain(v) for k, v in state.items()}
+    return state | {
+        "calls": calls, "rule_results": None,
+        "final": {a: [obs, sorted(done)] for a, (obs, done) in traj.final.items()},
+        "class": f"{type(traj).__module__}:{type(traj).__qualname__}",
+    }
+
+
+def trajectory_from_state(state: dict[str, Any]) -> Trajectory:
+    from gyre_ma.options.library import resolve
+
+    state = dict(state)
+    cls = resolve(state.pop("class"), "trajectory class")
+    calls = []
+    for d in state.pop("calls"):
+        d = dict(d)
+        d["achieved"] = frozenset(d["achieved"])
+        d["milestones"] = tuple(d["milestones"])
+        d["termination"] = Termination(d["termination"]) if d["termination"] is not None else None
+        d["breakdown"] = _revive(d["breakdown"])
+        calls.append(OptionCall(**d))
+    state["final"] = {a: (obs, frozenset(done)) for a, (obs, done) in state["final"].items()}
+    state = {k: _revive(v) for k, v in state.items()}
+    return cls(calls=calls, **state)
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass value (a RewardBreakdown, a NoiseSetting) as its class reference and fields."""
+    if dataclasses.is_dataclass(value):
+        return {"dataclass": f"{type(value).__module__}:{type(value).__qualname__}",
+                "fields": dataclasses.asdict(value)}
+    return value
+
+
+def _revive(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"dataclass", "fields"}:
+        from gyre_ma.options.library import resolve
+
+        return resolve(value["dataclass"], "dataclass")(**value["fields"])
+    return value

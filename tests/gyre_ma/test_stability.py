@@ -157,3 +157,23 @@ def test_curriculum_phases_change_and_show_in_the_plot(tmp_path):
     assert caps[0] < caps[-1]
     png = plot_run(tmp_path / "cur")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resume_restores_the_buffer_pools_so_elite_mixing_continues_identically(tmp_path):
+    overrides = {"buffer.enabled": True, "buffer.elite_ratio": 0.25, "buffer.max_staleness": 2,
+                 "buffer.capacity": 400, "train.iterations": 4}
+    straight = Gyre(load_config(DOORKEY, overrides), tmp_path / "straight")
+    for i in range(4):
+        straight.iteration(i)
+    first = Gyre(load_config(DOORKEY, overrides), tmp_path / "split")
+    for i in range(2):
+        first.iteration(i)
+    pools = len(first.buffer)
+    first.close()  # as a killed process would, it lets go of the store
+    resumed = Gyre.resume(load_config(DOORKEY, overrides), tmp_path / "split")
+    assert resumed.next_iteration == 2 and len(resumed.buffer) == pools > 0
+    for i in range(2, 4):
+        resumed.iteration(i)
+    for key, value in straight.policy.state_dict().items():
+        assert torch.equal(value, resumed.policy.state_dict()[key]), key
+    assert straight.buffer.metrics() == resumed.buffer.metrics()

@@ -265,6 +265,9 @@ class RuleResults:
     """Guards violated in the episode (any → veto)."""
     evaluated: Mapping[str, int] = field(default_factory=dict)
     passed: Mapping[str, int] = field(default_factory=dict)
+    broken: Mapping[str, str] = field(default_factory=dict)
+    """Rules the engine that produced these results has disabled (name → why): a rollout
+    worker's engine reports them to the learner's this way."""
 
     @property
     def vetoed(self) -> bool:
@@ -377,7 +380,7 @@ class RuleEngine:
                     for i in targets:
                         penalized[i].append(rule.name)
         return RuleResults(tuple(process), tuple(map(tuple, paid)), tuple(map(tuple, penalized)),
-                           tuple(violations), evaluated, passed)
+                           tuple(violations), evaluated, passed, dict(self.broken))
 
     def _evaluate(self, rule: Rule, traj: Trajectory, env: Any, states: list | None,
                   final: Mapping[str, Any], firsts: list[tuple[str, ...]],

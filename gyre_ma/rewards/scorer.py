@@ -143,6 +143,9 @@ class RewardScorer:
         breakdowns = [score_trajectory(t, self.graph, self.config, rules=r, prm=p)
                       for t, r, p in zip(trajectories, results, prm_parts)]
         metrics |= summarize(breakdowns)
+        for r in results:  # rules a rollout worker disabled are disabled here too, and reported
+            for name, why in r.broken.items():
+                self.engine.broken.setdefault(name, why)
         metrics |= rule_metrics(self.engine.rules, results, broken=self.engine.broken)
         return Scored(breakdowns, metrics)
 

@@ -385,8 +385,8 @@ class Gyre:
         return {"minibatch": self.generator, "rewards": self.rewards.generator}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue bit for bit (the buffer's pools
-        excepted: their observations are not kept)."""
+        """Everything a resumed run needs to continue bit for bit: weights, optimisers,
+        counters, RNG states, noise σ and targets, reward models, buffer pools, curriculum."""
         return {
             "policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
             "manager_optimizer": self.manager_module.optimizers().optimizer.state_dict(),

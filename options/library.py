@@ -57,6 +57,8 @@ class OptionLibrary:
         self.graph = graph
         self._options: list[Option] = []
         self._index: dict[str, int] = {}
+        self._graph_masks: dict[frozenset[str], np.ndarray] = {}
+        """Graph eligibility per achieved set: pure, and asked at every decision."""
         for opt in options or []:
             self.add(opt)
 
@@ -74,6 +76,7 @@ class OptionLibrary:
             )
         self._index[option.name] = len(self._options)
         self._options.append(option)
+        self._graph_masks.clear()
         return option
 
     def option(self, name: str | None = None, **kwargs: Any) -> Callable[[Callable], Callable]:
@@ -126,7 +129,13 @@ class OptionLibrary:
     def mask(self, achieved: frozenset[str], ctx: OptionContext | None = None) -> np.ndarray:
         """Options the manager may choose now: graph eligibility, then each option's own
         initiation predicate when a context is given."""
-        mask = self.graph.mask(self, achieved)
+        achieved = frozenset(achieved)
+        base = self._graph_masks.get(achieved)
+        if base is None:
+            if len(self._graph_masks) >= 4096:
+                self._graph_masks.clear()
+            base = self._graph_masks[achieved] = self.graph.mask(self, achieved)
+        mask = base.copy()
         if ctx is not None:
             for i, opt in enumerate(self._options):
                 if mask[i] and opt.initiation is not None:

@@ -7,7 +7,7 @@ share milestones, verified outcome and the PRM:
 - ``naive``     — surface rule "the report has all four sections", a process rule bound to
   no milestone, checked at every option end; no guard; no failed-episode cap. A team
   that writes the report and then idles collects it on every call: reward farming.
-- ``naive_cap`` — the same rule with the arbiter's default failed-episode cap on.
+- ``naive_cap`` — the same rule with the arbiter's failed-episode cap (0.8) on.
 - ``defended``  — the same rule bound to milestone ``report_written`` (pays once, where
   that progress was verified), plus a guard "no submission without compliance".
 
@@ -37,13 +37,14 @@ COMPLIANCE_BEFORE_SUBMIT = {"name": "compliance_before_submit", "kind": "guard",
 
 def variant(name: str, alarm_window: int = 10) -> dict[str, Any]:
     """The ``rewards:`` config section of each variant."""
-    base = {"snapshot": FACTS, "alarms": {"window": alarm_window}}
+    base = {"snapshot": FACTS, "alarms": {"window": alarm_window}, "prm": {"enabled": True}}
     if name == "naive":
         return base | {"failure_cap": None, "rules": [REPORT_COMPLETE]}
     if name == "naive_cap":
-        return base | {"rules": [REPORT_COMPLETE]}
+        return base | {"failure_cap": 0.8, "rules": [REPORT_COMPLETE]}
     if name == "defended":
-        return base | {"rules": [REPORT_COMPLETE | {"milestone": "report_written"}, COMPLIANCE_BEFORE_SUBMIT]}
+        return base | {"failure_cap": 0.8,
+                       "rules": [REPORT_COMPLETE | {"milestone": "report_written"}, COMPLIANCE_BEFORE_SUBMIT]}
     raise ValueError(f"unknown variant {name!r}; expected naive, naive_cap or defended")
 
 

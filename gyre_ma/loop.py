@@ -193,7 +193,7 @@ class Gyre:
         """C, first half: every call's reward becomes its arbitrated, verified total
         (guard veto > outcome > milestones and rules > PRM), its breakdown kept on it."""
         scored = self.rewards.score(trajectories, iteration=self.next_iteration)
-        apply_breakdowns(trajectories, scored.breakdowns)
+        apply_breakdowns(trajectories, scored.breakdowns, gamma=self.config.credit.gamma, graph=self.library.graph)
         return scored.metrics
 
     def score(self, trajectories: list[Trajectory], seg: Segments) -> B.Batch:

@@ -8,7 +8,7 @@
 2. **Verified outcome.** A successful episode (every goal verified on env state) pays
    ``outcome_scale`` × the goals' task-graph reward on each agent's last call. Only
    verification sets it. In a *failed* episode each agent's positive shaping (milestones,
-   rules, PRM) is scaled down to at most ``failure_cap`` × that outcome reward, so no
+   rules, PRM) is scaled down to at most ``failure_cap`` × that outcome reward (when a cap is set), so no
    failure is ever worth as much as a verified success, however many rules it passes.
 3. **Milestones and rules.** Milestones first verified during a call pay their graph
    weight × ``milestone_scale``; process rules pay their weight where they pass (and
@@ -48,9 +48,11 @@ class RewardConfig(BaseModel):
     guard_penalty: float = Field(1.0, ge=0.0, allow_inf_nan=False)
     """Charged (as −penalty) to each call a guard violation is attributed to. Without it a
     veto only removes reward, which teaches nothing when every episode is vetoed."""
-    failure_cap: float | None = Field(0.8, ge=0.0, le=1.0)
+    failure_cap: float | None = Field(None, ge=0.0, le=1.0)
     """In a failed episode, an agent's positive shaping is capped at this fraction of the
-    outcome reward (None: no cap)."""
+    outcome reward (None, the default: no cap). The cap rescales the whole episode, so on
+    long chains every failure past the cap is worth the same and deeper progress stops
+    paying: the manager stalled on the default tech-tree task with it (measured)."""
     prm_weight: float = Field(0.01, ge=0.0, allow_inf_nan=False)
     """Weight of the PRM part (before the cap and the drift monitor's cut)."""
     prm_weight_cap: float = Field(0.015, ge=0.0, allow_inf_nan=False)

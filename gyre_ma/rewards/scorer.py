@@ -48,13 +48,27 @@ class Scored:
     metrics: dict[str, float]
 
 
-def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Sequence[RewardBreakdown]]) -> None:
-    """Make each breakdown's ``total`` the call's option reward and keep the breakdown on the
-    call (``call.breakdown``) so the reward stays traceable."""
+def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Sequence[RewardBreakdown]],
+                     *, gamma: float = 1.0, graph: TaskGraph | None = None) -> None:
+    """Keep each breakdown on its call (``call.breakdown``, so the reward stays traceable)
+    and make the call's option reward its total, discounted inside the option as the SMDP
+    backup expects (``reward = Σ_k γ^k r_{t+k}``): the milestone part at the steps its
+    milestones were verified (weighted by their graph reward), every other part at the
+    call's last step. ``gamma=1`` gives the plain total."""
     for traj, bds in zip(trajectories, breakdowns, strict=True):
         for call, b in zip(traj.calls, bds, strict=True):
-            call.reward = b.total
-            call.breakdown = b  # type: ignore[attr-defined]  # becomes an OptionCall field
+            call.breakdown = b  # type: ignore[attr-defined]
+            if gamma == 1.0:
+                call.reward = b.total
+                continue
+            at_end = gamma ** max(call.duration - 1, 0)
+            at_milestones = at_end
+            steps = {m: traj.milestone_steps[m] for m in call.milestones if m in traj.milestone_steps}
+            weights = {m: graph.milestone(m).reward if graph is not None and m in graph else 1.0 for m in steps}
+            if b.milestone and sum(weights.values()) > 0:
+                at_milestones = sum(w * gamma ** max(steps[m] - call.start_step - 1, 0)
+                                    for m, w in weights.items()) / sum(weights.values())
+            call.reward = b.milestone * at_milestones + (b.total - b.milestone) * at_end
 
 
 class RewardScorer:

@@ -43,7 +43,15 @@ def test_every_call_carries_version_and_update_changes_policy():
     trajectories, _ = gyre.rollout(1)
     assert all(c.policy_version == 1 for t in trajectories for c in t.calls)
     gyre.arbitrate(trajectories)
-    assert all(c.breakdown is not None and c.reward == c.breakdown.total for t in trajectories for c in t.calls)
+    calls = [c for t in trajectories for c in t.calls]
+    assert all(c.breakdown is not None for c in calls)
+    # the option reward is the breakdown's total, discounted inside the option (SMDP)
+    gamma = gyre.config.credit.gamma
+    for c in calls:
+        total = c.breakdown.total
+        assert min(total, total * gamma ** (c.duration - 1)) - 1e-9 <= c.reward <= max(total, total * gamma ** (c.duration - 1)) + 1e-9
+        if c.duration == 1:
+            assert c.reward == pytest.approx(total)
     seg = gyre.segment(trajectories)
     batch = gyre.score(trajectories, seg)
     assert batch["advantage"].shape == batch["option"].shape

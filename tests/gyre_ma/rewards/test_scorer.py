@@ -32,7 +32,7 @@ def make_scorer(setup, seed=0, **overrides):
     env, lib, feat = setup
     cfg = RewardConfig.model_validate({
         "rules": RULES, "snapshot": "gyre_ma.envs.workflow.workflow:WorkflowEnv.surface_flags",
-        "drift": {"min_samples": 4}, **overrides,
+        "drift": {"min_samples": 4}, "prm": {"enabled": True}, **overrides,
     })
     return RewardScorer(cfg, lib.graph, featurizer=feat, n_options=len(lib), option_names=lib.names, seed=seed)
 

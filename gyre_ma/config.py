@@ -135,6 +135,9 @@ class CheckpointConfig(_Section):
     """An update with KL above this saves the pre-update state to ``pre_update``."""
     nan_max_consecutive: int = Field(3, ge=1)
     """Non-finite updates in a row before a rollback."""
+    validation_window: int = Field(3, ge=1)
+    """Without evaluator episodes, validation judges the mean success of this many recent
+    iterations (one iteration's sampled episodes are too noisy to roll back on)."""
 
 
 class CurriculumConfig(_Section):

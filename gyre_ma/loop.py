@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ class Gyre:
                 self.run_dir / "checkpoints", rollback_threshold=k.rollback_threshold, lr_cut=k.lr_cut,
                 min_lr_scale=k.min_lr_scale, large_update_kl=k.large_update_kl)
         self.nan_guard = NanGuard(c.checkpoints.nan_max_consecutive)
+        self._recent_scores: deque[float] = deque(maxlen=c.checkpoints.validation_window)
         self.curriculum = None
         if c.curriculum.enabled:
             cur = c.curriculum
@@ -294,11 +296,13 @@ class Gyre:
         when it fell too far (LR cut, latest batch purged)."""
         if self.checkpoints is None:
             return {}
-        n = self.config.roles.evaluators
         if trajectories is None:
-            seeds = [task_seed(self.config.seed + 1, iteration, k) for k in range(n)]
-            trajectories = self.backend.collect(self.weights(), self.version, validation_tasks(seeds))
-        score = episode_metrics(trajectories, ())["success_rate"]
+            seeds = [task_seed(self.config.seed + 1, iteration, k) for k in range(self.config.roles.evaluators)]
+            episodes = self.backend.collect(self.weights(), self.version, validation_tasks(seeds))
+            score = episode_metrics(episodes, ())["success_rate"]
+        else:  # sampled training episodes are noisy: judge the mean of the last few iterations
+            self._recent_scores.append(episode_metrics(trajectories, ())["success_rate"])
+            score = float(np.mean(self._recent_scores))
         out = {"validation/success_rate": score}
         return out | self._apply(self.checkpoints.validate(score, self.state_dict(), step=iteration))
 
@@ -310,6 +314,7 @@ class Gyre:
             self.load_state_dict(decision.state)
             # counters move on: new rollouts must not reuse the purged batch's versions
             self.version, self.env_steps, self.next_iteration = version + 1, steps, iteration
+            self._recent_scores.clear()  # a new policy: its own scores from here on
             apply_lr_scale([self.manager_module.optimizers().optimizer,
                             self.critic_module.optimizers().optimizer], decision.lr_scale)
             if decision.purge_latest_batch and self.buffer is not None:
@@ -395,7 +400,7 @@ class Gyre:
             "critic_initialised": self.critic_initialised,
             "rng": rng_snapshot(torch_generators=self._generators()),
             "noise": self.noise.state_dict(), "rewards": self.rewards.state_dict(),
-            "nan_guard": self.nan_guard.state_dict(),
+            "nan_guard": self.nan_guard.state_dict(), "recent_scores": list(self._recent_scores),
             "buffer": self.buffer.state_dict() if self.buffer is not None else None,
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
             "config": self.config.model_dump(mode="json"),
@@ -417,6 +422,8 @@ class Gyre:
             self.rewards.load_state_dict(state["rewards"])
         if state.get("nan_guard") is not None:
             self.nan_guard.load_state_dict(state["nan_guard"])
+        self._recent_scores.clear()
+        self._recent_scores.extend(state.get("recent_scores", []))
         if state.get("buffer") is not None and self.buffer is not None:
             self.buffer.load_state_dict(state["buffer"])
         if state.get("curriculum") is not None and self.curriculum is not None:

@@ -22,7 +22,7 @@ from gyre_ma.envs.techtree.techtree import (
     COAL_I, DIAMOND_I, DIRS, DO, DRINK, DRINK_V, EAT, ENERGY_V, FOOD, FOOD_V, FURNACE, IRON_I,
     IRON_PICKAXE, ITEM_INDEX, MOVES, NOOP, PLACEABLE, RECIPE_ACTION, SLEEP, SOURCES, STATIONS,
     STONE_I, STONE_PICKAXE, TABLE, TOOL_FOR_TILE, WALKABLE, WATER, WATER_I, WOOD, WOOD_PICKAXE,
-    TechTreeEnv, task_graph,
+    TechTreeEnv, _dilate, task_graph,
 )
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option, OptionContext
@@ -94,14 +94,6 @@ def _dijkstra(
     return None
 
 
-def _dilate4(mask: np.ndarray) -> np.ndarray:
-    out = mask.copy()
-    out[1:] |= mask[:-1]
-    out[:-1] |= mask[1:]
-    out[:, 1:] |= mask[:, :-1]
-    out[:, :-1] |= mask[:, 1:]
-    return out
-
 
 def _near_mask(env: TechTreeEnv, tile: int) -> np.ndarray:
     """Cells within ``nearby`` (Chebyshev) of a ``tile``."""
@@ -159,7 +151,7 @@ def _make_plan(env: TechTreeEnv, i: int, purpose: Any, tiles: tuple[int, ...] = 
     r, c = env.pos[i]
     grid = env.grid.ravel().tolist()
     for targets in choices:  # unclaimed targets first, then any
-        goal = _dilate4(targets) if usable else targets
+        goal = _dilate(targets) if usable else targets
         path = _dijkstra(grid, n, r * n + c, cost, goal.ravel().tolist()) if goal.any() else None
         if path is not None:
             break

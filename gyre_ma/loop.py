@@ -228,6 +228,12 @@ class Gyre:
         if self.config.train.objective == "grpo":
             per_episode = group_outcome_advantages(outcomes=outcomes, groups=groups)
             advantages = per_episode[seg.episode].unsqueeze(-1).expand(R, T) * mask
+        # critic targets: Monte-Carlo SMDP returns on rows the env ended, λ-returns elsewhere
+        monte_carlo = smdp_returns(rewards=rewards, durations=durations, terminated=terminated,
+                                   truncated=torch.zeros_like(truncated), gamma=credit.gamma,
+                                   bootstrap_value=torch.zeros(R), mask=mask)
+        ended = terminated[torch.arange(R), mask.sum(1) - 1]
+        returns = torch.where(ended.unsqueeze(-1), monte_carlo, returns)
         flat = [c for row in seg.calls for c in row]
         features = torch.from_numpy(np.stack([self.featurizer(c) for c in flat]))
         extra = {}
@@ -263,7 +269,7 @@ class Gyre:
         return out
 
     # ---------------------------------------------------------------- D: update
-    def update(self, batch: B.Batch, trajectories: list[Trajectory], seg: Segments) -> dict[str, float]:
+    def update(self, batch: B.Batch, trajectories: list[Trajectory]) -> dict[str, float]:
         """One update; skipped (parameters unchanged) when its inputs are not finite, and
         after ``nan_max_consecutive`` skips in a row the learner rolls back."""
         t = self.config.train
@@ -279,7 +285,7 @@ class Gyre:
         before = copy.deepcopy(self.state_dict()) if self.checkpoints is not None else None
         metrics = self.fitter.fit(self.manager_module, batch, epochs=t.epochs,
                                   minibatch_size=t.minibatch_size, generator=self.generator)
-        metrics |= self.fitter.fit(self.critic_module, self._mc_targets(batch, seg), epochs=t.epochs,
+        metrics |= self.fitter.fit(self.critic_module, batch, epochs=t.epochs,
                                    minibatch_size=t.minibatch_size, generator=self.generator)
         self.noise.observe(batch[B.FEATURES], batch[B.AGENT], batch[B.MASK])
         metrics |= self.noise.update(self.policy)
@@ -330,24 +336,6 @@ class Gyre:
         self.critic.initialise(mean_reward / (1.0 - gamma) if gamma < 1 else mean_reward)
         self.critic_initialised = True
 
-    def _mc_targets(self, batch: B.Batch, seg: Segments) -> B.Batch:
-        """Critic targets: Monte-Carlo SMDP returns on complete rows, λ-returns elsewhere."""
-        targets = batch[B.RETURN].clone()
-        start = 0
-        gamma = self.config.credit.gamma
-        for row in seg.calls:
-            n = len(row)
-            if row[-1].terminated:
-                mc = smdp_returns(
-                    rewards=torch.tensor([c.reward for c in row]),
-                    durations=torch.tensor([max(c.duration, 1) for c in row]),
-                    terminated=torch.tensor([c.terminated for c in row]),
-                    truncated=torch.zeros(n, dtype=torch.bool), gamma=gamma, bootstrap_value=0.0,
-                )
-                targets[start:start + n] = mc
-            start += n
-        return {**batch, B.RETURN: targets}
-
     # ---------------------------------------------------------------- one turn
     def iteration(self, i: int, *, return_trajectories: bool = False) -> Any:
         """One turn of the gyre; afterwards the whole learner is in the ``latest`` slot.
@@ -372,7 +360,7 @@ class Gyre:
             if batch_trajectories:                                           # all could be stale
                 seg = self.segment(batch_trajectories)                       # B
                 batch = self.score(batch_trajectories, seg)                  # C
-                metrics |= self.update(batch, batch_trajectories, seg)       # D
+                metrics |= self.update(batch, batch_trajectories)            # D
         if self.curriculum is not None:  # log the phase this iteration ran in, then promote
             metrics |= {"curriculum_phase": float(PHASES.index(self.curriculum.phase)),
                         "curriculum_step_cap": float(self.curriculum.step_cap)}

@@ -56,7 +56,7 @@ def test_every_call_carries_version_and_update_changes_policy():
     batch = gyre.score(trajectories, seg)
     assert batch["advantage"].shape == batch["option"].shape
     assert all(torch.isfinite(v).all() for v in batch.values() if v.is_floating_point())
-    gyre.update(batch, trajectories, seg)
+    gyre.update(batch, trajectories)
     assert any(not torch.equal(a, b) for a, b in zip(before, gyre.policy.parameters(), strict=True))
     assert gyre.version == 2
 

@@ -99,12 +99,12 @@ def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):
         gyre.policy.head.bias[turn] = -6.0  # a competent policy: it rarely dawdles
     update = gyre.update
 
-    def spiked(batch, trajectories, seg):
+    def spiked(batch, trajectories):
         if gyre.next_iteration == 1:
             for group in gyre.manager_module.optimizers().optimizer.param_groups:
                 group["lr"] = 1.0
             batch = dict(batch, advantage=(batch["option"] == turn).float() * 10.0)
-        return update(batch, trajectories, seg)
+        return update(batch, trajectories)
 
     gyre.update = spiked
     history = [gyre.iteration(i) for i in range(3)]

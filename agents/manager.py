@@ -32,8 +32,15 @@ class StateScaler:
 
 
 class Featurizer:
-    """Decision → manager input: scaled flat observation, achieved-milestone bits,
-    last option (one-hot, with a slot for "none yet") and the time fraction."""
+    """Decision → manager input: the flat observation scaled into [0, 1], achieved-milestone
+    bits, last option (one-hot, with a slot for "none yet") and the time fraction.
+
+    Narrow dimensions (tile ids, vitals, flags: span ≤ ``log_span``) scale linearly. Wide
+    ones are counts (an inventory bounded by 255), where the few units that decide a recipe
+    would vanish under linear scaling (3 / 255 ≈ 0.01); they scale as log1p(x) / log1p(span).
+    """
+
+    log_span = 32.0
 
     def __init__(self, observation_space: gym.Space, library: OptionLibrary) -> None:
         self.view = NumericView(observation_space)
@@ -42,16 +49,20 @@ class Featurizer:
         flat = self.view.flat_space
         high = np.asarray(flat.high, dtype=np.float64)
         low = np.asarray(flat.low, dtype=np.float64)
-        span = np.where(np.isfinite(high) & np.isfinite(low), np.maximum(high - low, 1e-8), 1.0)
+        finite = np.isfinite(high) & np.isfinite(low)
+        span = np.where(finite, np.maximum(high - low, 1e-8), 1.0)
         self._offset = np.where(np.isfinite(low), low, 0.0).astype(np.float32)
-        self._scale = (1.0 / span).astype(np.float32)
+        self._wide = finite & (span > self.log_span)
+        self._scale = np.where(self._wide, 1.0 / np.log1p(span), 1.0 / span).astype(np.float32)
         self.obs_dim = int(flat.shape[0])
         self.dim = self.obs_dim + len(self.milestones) + self.n_options + 2
 
     def __call__(self, d: Decision | OptionCall) -> np.ndarray:
-        obs = self.view(d.observation).astype(np.float32)
+        obs = self.view(d.observation).astype(np.float32) - self._offset
+        if self._wide.any():
+            obs = np.where(self._wide, np.log1p(np.maximum(obs, 0.0)), obs)
         out = np.zeros(self.dim, dtype=np.float32)
-        out[: self.obs_dim] = (obs - self._offset) * self._scale
+        out[: self.obs_dim] = obs * self._scale
         base = self.obs_dim
         for i, m in enumerate(self.milestones):
             if m in d.achieved:

@@ -448,7 +448,8 @@ def _backend(config: ExperimentConfig) -> Any:
     if b.name == "ray":
         return make_backend("ray", config, workers=b.workers, max_restarts=b.max_restarts,
                             max_attempts=b.max_attempts, sample_timeout_s=b.sample_timeout_s,
-                            cpus_per_worker=b.cpus_per_worker, init=b.ray_init)
+                            cpus_per_worker=b.cpus_per_worker, init=b.ray_init,
+                            pipeline_depth=b.pipeline_depth)
     return make_backend("local", config)
 
 

@@ -112,12 +112,24 @@ class Trajectory:
         return [c for c in self.calls if c.agent == agent]
 
 
-@dataclass
 class _Running:
-    call: OptionCall
-    ctx: OptionContext
-    option: Option
-    discount: float = 1.0
+    """An option call in progress. The per-step sums live here and reach ``call`` when it
+    ends (:meth:`close`): the step loop touches only these slots."""
+
+    __slots__ = ("call", "ctx", "policy", "termination", "discount", "reward", "raw")
+
+    def __init__(self, call: OptionCall, ctx: OptionContext, option: Option) -> None:
+        self.call, self.ctx = call, ctx
+        self.policy, self.termination = option.policy, option.termination
+        self.discount, self.reward, self.raw = 1.0, 0.0, 0.0
+
+    def close(self, terminated: bool, truncated: bool, reason: Termination,
+              milestone_steps: dict[str, int]) -> OptionCall:
+        call = self.call
+        call.duration, call.reward, call.raw_reward = self.ctx.steps, self.reward, self.raw
+        call.terminated, call.truncated, call.termination = terminated, truncated, reason
+        call.milestones = tuple(m for m, s in milestone_steps.items() if s > call.start_step)
+        return call
 
 
 def run_episode(
@@ -191,7 +203,10 @@ def run_episode(
                 running[d.agent] = _Running(
                     call, OptionContext(d.agent, env, d.observation, verified, rng=rng), library[choice.option]
                 )
-        actions = {a: running[a].option.policy(running[a].ctx) for a in env.agents}
+        actions = {}
+        for a in env.agents:
+            run = running[a]
+            actions[a] = run.policy(run.ctx)
         observations, rewards, terms, truncs, _ = env.step(actions)
         if step_log is not None:
             step_log.append((actions, dict(rewards)))
@@ -201,41 +216,36 @@ def run_episode(
             for m in verified:
                 traj.milestone_steps.setdefault(m, step)
         finished = goals <= verified
+        at_cap = step >= cap
         for a in actions:
             run = running[a]
-            call, ctx = run.call, run.ctx
-            r = float(rewards.get(a, 0.0))
-            call.reward += run.discount * r
-            call.raw_reward += r
-            traj.total_reward += r
+            r = rewards.get(a, 0.0)
+            if r:
+                r = float(r)
+                run.reward += run.discount * r
+                run.raw += r
+                traj.total_reward += r
             run.discount *= gamma
-            call.duration += 1
+            ctx = run.ctx
             ctx.steps += 1
             ctx.achieved = verified
             if a in observations:
                 ctx.observation = observations[a]
-            call.terminated = bool(terms.get(a, False)) or finished
-            call.truncated = bool(truncs.get(a, False)) or (step >= cap and not call.terminated)
-            reason = run.option.termination(ctx, verified)
-            if call.terminated or call.truncated:
+            reason = run.termination(ctx, verified)
+            terminated = finished or bool(terms.get(a, False))
+            truncated = bool(truncs.get(a, False)) or (at_cap and not terminated)
+            if terminated or truncated:
                 reason = reason or Termination.EPISODE
             if reason is not None:
-                call.termination = reason
-                call.milestones = tuple(
-                    m for m, s in traj.milestone_steps.items() if s > call.start_step
-                )
+                call = run.close(terminated, truncated, reason, traj.milestone_steps)
                 running[a] = None
                 if on_option_end is not None:
                     on_option_end(call, env)
-    for run in running.values():  # agents still mid-option when the cap or the env ended it
-        if run is not None and run.call.termination is None:
-            run.call.truncated = not run.call.terminated
-            run.call.termination = Termination.EPISODE
-            run.call.milestones = tuple(
-                m for m, s in traj.milestone_steps.items() if s > run.call.start_step
-            )
+    for run in running.values():  # agents still mid-option when the env ended it unflagged
+        if run is not None:
+            call = run.close(False, True, Termination.EPISODE, traj.milestone_steps)
             if on_option_end is not None:
-                on_option_end(run.call, env)
+                on_option_end(call, env)
     for a in env.possible_agents:
         if a in observations:
             traj.final[a] = (observations[a], verified)

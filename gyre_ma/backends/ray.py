@@ -2,13 +2,17 @@
 
 * Weights go out through the object store: one ``ray.put`` per policy version; each
   actor fetches a version once and caches it.
-* An actor plays one episode at a time, so a fault costs one episode. When an episode
+* An actor plays one episode at a time, so a fault costs one episode; up to
+  ``pipeline_depth`` episodes are queued on it, so the next starts the moment one ends
+  instead of after a round trip to the driver. When an episode
   raises inside the actor (an env or option fault) the actor is restarted
   (``ray.kill(..., no_restart=False)``; Ray re-runs its constructor, within
   ``max_restarts``); when the actor process dies, Ray restarts it by itself. Either way
-  the episode is re-issued whole, up to ``max_attempts`` times.
-* A hanging episode is bounded by ``sample_timeout_s`` (``ray.wait(..., timeout=...)``):
-  its actor is killed and replaced by a fresh one, the episode re-issued.
+  the episode is re-issued whole, up to ``max_attempts`` times. Episodes queued behind it
+  on that actor are requeued as they were (they did not fault; ``backend/requeued``).
+* A hanging episode is bounded by ``sample_timeout_s`` (``ray.wait(..., timeout=...)``),
+  counted from when it could start (its predecessor on the actor ended): its actor is
+  killed and replaced by a fresh one, the episode re-issued.
 * Calls use ``max_task_retries=0``: the backend, not Ray, decides what is re-issued, so
   no episode is ever returned in part or twice.
 
@@ -83,6 +87,10 @@ class _Slot:
     killed: str | None = None
     """The incarnation we asked Ray to restart: a ping answered by it (``ray.kill`` is
     asynchronous) does not count as the restarted actor being ready."""
+    queued: deque[Any] = field(default_factory=deque)
+    """ObjectRefs of the episodes sent to this actor, oldest (the one playing) first."""
+    head_since: float = 0.0
+    """When the oldest queued episode could start: the sample timeout counts from here."""
 
 
 class RayBackend:
@@ -91,19 +99,22 @@ class RayBackend:
     def __init__(self, config: Any, *, workers: int | Mapping[str, int] = 2, max_restarts: int = 3,
                  max_attempts: int = 3, sample_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  cpus_per_worker: float = 1.0, roles: Mapping[str, Role] | None = None,
-                 init: Mapping[str, Any] | None = None) -> None:
+                 init: Mapping[str, Any] | None = None, pipeline_depth: int = 2) -> None:
         """``workers``: a number of actors that play any role, or actors per role
-        (``{"explorer": 1, "executor": 2}``). ``init``: keyword arguments for ``ray.init``."""
+        (``{"explorer": 1, "executor": 2}``). ``init``: keyword arguments for ``ray.init``.
+        ``pipeline_depth``: episodes queued on one actor at a time (1: none waits)."""
         counts = {None: workers} if isinstance(workers, int) else dict(workers)
         unknown = [r for r in counts if r is not None and r not in ROLES]
         if unknown:
             raise ValueError(f"workers: unknown roles {unknown}; expected some of {list(ROLES)}")
         if any(n < 0 for n in counts.values()) or sum(counts.values()) < 1:
             raise ValueError(f"workers: need at least one actor and no negative counts, got {workers!r}")
-        if max_restarts < 0 or max_attempts < 1 or sample_timeout_s <= 0 or startup_timeout_s < 0:
-            raise ValueError(f"need max_restarts >= 0, max_attempts >= 1, sample_timeout_s > 0 and "
-                             f"startup_timeout_s >= 0; got {max_restarts}, {max_attempts}, "
-                             f"{sample_timeout_s}, {startup_timeout_s}")
+        if (max_restarts < 0 or max_attempts < 1 or sample_timeout_s <= 0 or startup_timeout_s < 0
+                or pipeline_depth < 1):
+            raise ValueError(f"need max_restarts >= 0, max_attempts >= 1, sample_timeout_s > 0, "
+                             f"startup_timeout_s >= 0 and pipeline_depth >= 1; got {max_restarts}, "
+                             f"{max_attempts}, {sample_timeout_s}, {startup_timeout_s}, {pipeline_depth}")
+        self.pipeline_depth = pipeline_depth
         self.config, self.roles = config, roles
         self.max_restarts, self.max_attempts = max_restarts, max_attempts
         self.sample_timeout_s, self.startup_timeout_s = sample_timeout_s, startup_timeout_s
@@ -124,7 +135,8 @@ class RayBackend:
         self._weights: dict[int, Any] = {}
         self._order = 0
         self._stash: list[RoleTrajectory] = []
-        self._counts = dict.fromkeys(("episodes", "env_steps", "restarts", "timeouts", "reissued", "replaced"), 0)
+        self._counts = dict.fromkeys(("episodes", "env_steps", "restarts", "timeouts", "reissued", "requeued",
+                                      "replaced"), 0)
 
     # ---------------------------------------------------------------- public
     def collect(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> list[RoleTrajectory]:
@@ -205,19 +217,25 @@ class RayBackend:
         slot.since = time.monotonic()
 
     def _dispatch(self) -> None:
-        busy = {id(slot) for _, slot, _ in self._inflight.values()}
-        free = [s for s in self._slots if id(s) not in busy and s.starting is None]
+        """Fill every ready actor up to ``pipeline_depth``, shallowest first (so work
+        spreads over the actors before any queues a second episode)."""
         waiting: deque[_Job] = deque()
-        while self._queue and free:
+        while self._queue:
             job = self._queue.popleft()
-            slot = next((s for s in free if s.role == job.task.role), None) or next(
-                (s for s in free if s.role is None), None)
-            if slot is None:
+            open_ = [s for s in self._slots if s.starting is None and len(s.queued) < self.pipeline_depth
+                     and s.role in (None, job.task.role)]
+            if not open_:
                 waiting.append(job)
+                if not any(s.starting is None and len(s.queued) < self.pipeline_depth for s in self._slots):
+                    break
                 continue
-            free.remove(slot)
+            slot = min(open_, key=lambda s: (len(s.queued), s.role is None, s.index))
             ref = slot.actor.run.remote([self._weights[job.version]], job.version, job.task)
-            self._inflight[ref] = (job, slot, time.monotonic())
+            now = time.monotonic()
+            if not slot.queued:
+                slot.head_since = now
+            slot.queued.append(ref)
+            self._inflight[ref] = (job, slot, now)
         self._queue.extendleft(reversed(waiting))
         live = {job.version for job in self._queue} | {job.version for job, _, _ in self._inflight.values()}
         latest = max(self._weights, default=None)
@@ -232,7 +250,7 @@ class RayBackend:
             if not self._inflight and not (self._queue and starting):
                 break
             now = time.monotonic()
-            deadlines = [t + self.sample_timeout_s for _, _, t in self._inflight.values()]
+            deadlines = [s.head_since + self.sample_timeout_s for s in self._slots if s.queued]
             deadlines += [s.since + self.startup_timeout_s for s in starting.values()]
             wait = max(0.0, min(deadlines) - now)
             if end is not None:
@@ -253,7 +271,11 @@ class RayBackend:
         return out
 
     def _finish(self, ref: Any, out: list[tuple[int, RoleTrajectory]]) -> None:
+        if ref not in self._inflight:  # requeued when its actor faulted earlier in this batch
+            return
         job, slot, _ = self._inflight.pop(ref)
+        slot.queued.remove(ref)
+        slot.head_since = time.monotonic()
         try:
             traj = ray.get(ref)
         except ray.exceptions.RayActorError as exc:  # the process died; Ray restarts it within max_restarts
@@ -267,6 +289,7 @@ class RayBackend:
         out.append((job.order, traj))
 
     def _fault(self, job: _Job, slot: _Slot, exc: BaseException, *, kill: bool) -> None:
+        self._requeue_behind(slot)
         self._counts["restarts"] += 1
         slot.restarts += 1
         if slot.restarts > self.max_restarts:
@@ -298,12 +321,21 @@ class RayBackend:
                     f"{self.startup_timeout_s:g} s; does the cluster have {self.cpus_per_worker:g} CPU(s) "
                     f"free per worker ({len(self._slots)} workers, cluster: {cpus:g} CPUs)?"
                 )
-        for ref, (job, slot, started) in list(self._inflight.items()):
-            if now >= started + self.sample_timeout_s:
-                del self._inflight[ref]
+        for slot in self._slots:
+            if slot.queued and now >= slot.head_since + self.sample_timeout_s:
+                job, _, _ = self._inflight.pop(slot.queued.popleft())
+                self._requeue_behind(slot)
                 self._counts["timeouts"] += 1
                 self._replace(slot)
                 self._reissue(job, f"no result within the sample timeout of {self.sample_timeout_s:g} s")
+
+    def _requeue_behind(self, slot: _Slot) -> None:
+        """The episodes still queued on an actor that is going away go back to the queue
+        unchanged (no attempt spent): they did not fault, and are never returned in part."""
+        jobs = [self._inflight.pop(ref)[0] for ref in slot.queued]
+        slot.queued.clear()
+        self._counts["requeued"] += len(jobs)
+        self._queue.extendleft(reversed(sorted(jobs, key=lambda j: j.order)))
 
     def _replace(self, slot: _Slot) -> None:
         """Kill the actor for good (its partial episode is lost with it) and start a fresh one."""

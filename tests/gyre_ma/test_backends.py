@@ -189,6 +189,8 @@ def test_failed_workers_restart_once_per_fault_and_no_partial_episode_escapes(ra
     assert tokens_left(fault_dir) == 0
     assert after["backend/restarts"] - before["backend/restarts"] == 2
     assert after["backend/reissued"] - before["backend/reissued"] == 2
+    # each actor had a second episode queued behind the faulty one: requeued, not a fault
+    assert after["backend/requeued"] - before["backend/requeued"] == 2
     assert after["backend/episodes"] - before["backend/episodes"] == len(tasks)  # nothing extra, nothing partial
     assert [fingerprint(t) for t in got] == expected
     assert all(new != old for new, old in zip((a["pid"] for a in ray_backend.actor_info()), pids, strict=True))

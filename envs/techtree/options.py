@@ -403,9 +403,43 @@ def wait_done(ctx: OptionContext) -> bool:
     return ctx.steps >= 1
 
 
-def failed(ctx: OptionContext) -> bool:
-    """Shared failure predicate: the sub-policy found no route to its target."""
+DANGER = 2
+"""A vital at or below this is in danger: about 70 steps from zero at the default decay."""
+
+
+def _interrupted(ctx: OptionContext, spared: int | None) -> bool:
+    """A vital (other than ``spared``, the one this option restores) fell to the library's
+    danger level during the call: the option yields, so the manager can decide on upkeep in
+    time instead of foreseeing how long every job will take. Vitals already there when the
+    call began do not interrupt it (calling a job anyway is the manager's choice)."""
+    env, i = _agent(ctx)
+    vitals = env.vitals[i]
+    start = ctx.memory.get("vitals_at_start")
+    if start is None:  # first check, after the call's first step
+        ctx.memory["vitals_at_start"] = start = tuple(vitals)
+    return any(v != spared and vitals[v] <= DANGER < start[v] for v in (FOOD_V, DRINK_V, ENERGY_V))
+
+
+def no_route(ctx: OptionContext) -> bool:
+    """The sub-policy found no route to its target."""
     return bool(ctx.memory.get("failed"))
+
+
+def failed(ctx: OptionContext) -> bool:
+    """Failure of a job: no route, or a vital fell into danger during the call."""
+    return no_route(ctx) or _interrupted(ctx, None)
+
+
+def failed_eating(ctx: OptionContext) -> bool:
+    return no_route(ctx) or _interrupted(ctx, FOOD_V)
+
+
+def failed_drinking(ctx: OptionContext) -> bool:
+    return no_route(ctx) or _interrupted(ctx, DRINK_V)
+
+
+def failed_sleeping(ctx: OptionContext) -> bool:
+    return _interrupted(ctx, ENERGY_V)
 
 
 def has_wood_pickaxe(ctx: OptionContext) -> bool:
@@ -447,10 +481,13 @@ _GATHER_OPTIONS = (
 )
 
 
-def make_library(goal: str | None = None, name: str = "techtree", env: Any = None) -> OptionLibrary:
+def make_library(goal: str | None = None, name: str = "techtree", env: Any = None, *,
+                 yield_in_danger: bool = True) -> OptionLibrary:
     """The scripted techtree library over ``task_graph(goal)``: one option per milestone,
     repeatable collectors, upkeep (eat, drink, sleep) and an always-eligible ``wait``.
-    Given ``env``, the goal is that environment's.
+    With ``yield_in_danger`` every option but ``wait`` yields when one of its agent's vitals
+    falls into danger (``DANGER``), so the manager decides on upkeep in time. Given ``env``,
+    the goal is that environment's.
 
     Step caps are generous: a craft called with an empty inventory gathers everything its
     recipe needs within one call.
@@ -458,20 +495,24 @@ def make_library(goal: str | None = None, name: str = "techtree", env: Any = Non
     if goal is None:
         goal = env.task_graph().goals[0] if env is not None else "collect_diamond"
     lib = OptionLibrary(name, task_graph(goal))
+    job, eating, drinking, sleeping = (
+        (failed, failed_eating, failed_drinking, failed_sleeping) if yield_in_danger
+        else (no_route, no_route, no_route, None)
+    )
     for policy, done, milestone, initiation, cap, text in _GATHER_OPTIONS:
         lib.add(Option(policy.__name__, policy, milestone, initiation=initiation, done=done,
-                       failure=failed, max_steps=cap, repeatable=True, description=text))
+                       failure=job, max_steps=cap, repeatable=True, description=text))
     for policy, milestone, text in _CRAFT_OPTIONS:
-        lib.add(Option(policy.__name__, policy, milestone, failure=failed, max_steps=1000,
+        lib.add(Option(policy.__name__, policy, milestone, failure=job, max_steps=1000,
                        description=text))
     lib.add(Option("mine_diamond", mine_diamond, "collect_diamond", initiation=has_iron_pickaxe,
-                   failure=failed, max_steps=500, description="tunnel to a diamond and mine it"))
-    lib.add(Option("eat", eat, "eat_food", done=eat_done, repeatable=True, failure=failed,
+                   failure=job, max_steps=500, description="tunnel to a diamond and mine it"))
+    lib.add(Option("eat", eat, "eat_food", done=eat_done, repeatable=True, failure=eating,
                    max_steps=150, description="eat berries until sated (picking some first)"))
     lib.add(Option("drink", drink, "drink_water", done=drink_done, repeatable=True,
-                   failure=failed, max_steps=150,
+                   failure=drinking, max_steps=150,
                    description="drink until sated (filling a flask first)"))
-    lib.add(Option("sleep", sleep, None, done=sleep_done, max_steps=60,
+    lib.add(Option("sleep", sleep, None, done=sleep_done, failure=sleeping, max_steps=60,
                    description="sleep until energy is full"))
     lib.add(Option("wait", wait, None, done=wait_done, max_steps=1,
                    description="do nothing for a step"))

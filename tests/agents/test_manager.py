@@ -62,3 +62,31 @@ def test_manager_respects_mask_and_is_seeded():
     assert set(picks) <= allowed
     again = [c.option for c in NoisyManager(policy, f, critic=critic, seed=3).decide([d] * 50)]
     assert picks == again
+
+
+def test_featurizer_keeps_small_inventory_counts_visible():
+    """Inventory slots span 0..255: a linear scale would show 3 iron as 0.01; the log scale
+    keeps few units apart, stays monotone and in [0, 1]; narrow dimensions stay linear."""
+    from gyre_ma.envs.techtree import make_library as techtree_library
+    from gyre_ma.envs.techtree import parallel_env
+    from gyre_ma.envs.techtree.techtree import ITEM_INDEX
+
+    env = parallel_env(size=16)
+    library = techtree_library(env=env)
+    f = Featurizer(env.observation_space(env.possible_agents[0]), library)
+    obs, _ = env.reset(seed=0)
+    a = env.possible_agents[0]
+    iron = env.obs_layout["inventory"].start + ITEM_INDEX["iron"]
+    health = env.obs_layout["vitals"].start
+    values = []
+    for n in (0, 1, 3, 8, 255):
+        o = obs[a].copy()
+        o[iron] = n
+        values.append(f(Decision(a, 0, o, library.mask(frozenset()), frozenset(), -1, 0.0, env))[iron])
+    assert values[0] == 0.0 and values[-1] == 1.0
+    assert all(lo < hi for lo, hi in zip(values, values[1:]))
+    assert values[2] > 0.2  # 3 units: log1p(3) / log1p(255) = 0.25
+    o = obs[a].copy()
+    o[health] = 3
+    got = f(Decision(a, 0, o, library.mask(frozenset()), frozenset(), -1, 0.0, env))[health]
+    assert got == np.float32(3 / env.config.max_vital)

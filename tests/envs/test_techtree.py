@@ -19,6 +19,7 @@ from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.envs import techtree_v0
 from gyre_ma.envs.base import GyreEnv
 from gyre_ma.envs.techtree import techtree as tt
+from gyre_ma.envs.techtree import options as tt_options
 from gyre_ma.envs.techtree.options import make_library
 from gyre_ma.envs.techtree.oracle import OracleManager
 from gyre_ma.options.library import OptionLibrary, resolve
@@ -465,6 +466,7 @@ def test_upkeep_options_fetch_and_restore(name, vital, item):
     env.inventory(0)[tt.ITEM_INDEX[item]] = 0
     option = library[name]
     ctx = OptionContext("agent_0", env, None, env.verified_milestones())
+    env.vitals[0][:] = [env.config.max_vital] * len(tt.VITALS)  # no other vital interrupts it
     env.vitals[0][vital] = 1
     for _ in range(option.max_steps):
         env.step({a: (option.policy(ctx) if a == "agent_0" else tt.NOOP) for a in env.agents})
@@ -473,6 +475,34 @@ def test_upkeep_options_fetch_and_restore(name, vital, item):
         if reason is not None:
             break
     assert reason is Termination.DONE and env.vitals[0][vital] >= 6
+
+
+def test_jobs_yield_when_a_vital_falls_into_danger_and_upkeep_is_spared():
+    env = techtree_v0.parallel_env()
+    library = make_library()
+    env.reset(seed=0)
+
+    def run(name, vital, level, own=None):
+        env.vitals[0][:] = [env.config.max_vital] * len(tt.VITALS)
+        if own is not None:  # the vital an upkeep option restores starts low, so it works
+            env.vitals[0][own] = 3
+        option = library[name]
+        ctx = OptionContext("agent_0", env, None, env.verified_milestones())
+        env.step({a: (option.policy(ctx) if a == "agent_0" else tt.NOOP) for a in env.agents})
+        ctx.steps += 1
+        first = option.termination(ctx, env.verified_milestones())
+        env.vitals[0][vital] = level
+        return first, option.termination(ctx, env.verified_milestones())
+
+    assert run("gather_wood", tt.FOOD_V, tt_options.DANGER) == (None, Termination.FAILURE)
+    assert run("gather_wood", tt.FOOD_V, tt_options.DANGER + 1) == (None, None)
+    assert run("sleep", tt.DRINK_V, 0, own=tt.ENERGY_V) == (None, Termination.FAILURE)
+    assert run("eat", tt.FOOD_V, 0, own=tt.FOOD_V) == (None, None)  # its own vital: it keeps at it
+    plain = make_library(yield_in_danger=False)["gather_wood"]
+    ctx = OptionContext("agent_0", env, None, env.verified_milestones())
+    plain.policy(ctx)
+    env.vitals[0][tt.FOOD_V] = 0
+    assert plain.termination(ctx, env.verified_milestones()) is None
 
 
 def test_sleep_option_restores_energy():

@@ -386,6 +386,19 @@ def drink_done(ctx: OptionContext) -> bool:
     return _sated(env, i, DRINK_V)
 
 
+def hungry(ctx: OptionContext) -> bool:
+    """Initiation of ``eat``: it has work to do (the agent is not sated)."""
+    return not eat_done(ctx)
+
+
+def thirsty(ctx: OptionContext) -> bool:
+    return not drink_done(ctx)
+
+
+def tired(ctx: OptionContext) -> bool:
+    return not sleep_done(ctx)
+
+
 def sleep(ctx: OptionContext) -> int:
     return SLEEP
 
@@ -484,8 +497,8 @@ _GATHER_OPTIONS = (
 def make_library(goal: str | None = None, name: str = "techtree", env: Any = None, *,
                  yield_in_danger: bool = True) -> OptionLibrary:
     """The scripted techtree library over ``task_graph(goal)``: one option per milestone,
-    repeatable collectors, upkeep (eat, drink, sleep) and an always-eligible ``wait``.
-    With ``yield_in_danger`` every option but ``wait`` yields when one of its agent's vitals
+    repeatable collectors, upkeep (eat, drink, sleep: eligible while it has work to do) and
+    an always-eligible ``wait``. With ``yield_in_danger`` every option but ``wait`` yields when one of its agent's vitals
     falls into danger (``DANGER``), so the manager decides on upkeep in time. Given ``env``,
     the goal is that environment's.
 
@@ -507,13 +520,14 @@ def make_library(goal: str | None = None, name: str = "techtree", env: Any = Non
                        description=text))
     lib.add(Option("mine_diamond", mine_diamond, "collect_diamond", initiation=has_iron_pickaxe,
                    failure=job, max_steps=500, description="tunnel to a diamond and mine it"))
-    lib.add(Option("eat", eat, "eat_food", done=eat_done, repeatable=True, failure=eating,
-                   max_steps=150, description="eat berries until sated (picking some first)"))
-    lib.add(Option("drink", drink, "drink_water", done=drink_done, repeatable=True,
-                   failure=drinking, max_steps=150,
+    lib.add(Option("eat", eat, "eat_food", initiation=hungry, done=eat_done, repeatable=True,
+                   failure=eating, max_steps=150,
+                   description="eat berries until sated (picking some first)"))
+    lib.add(Option("drink", drink, "drink_water", initiation=thirsty, done=drink_done,
+                   repeatable=True, failure=drinking, max_steps=150,
                    description="drink until sated (filling a flask first)"))
-    lib.add(Option("sleep", sleep, None, done=sleep_done, failure=sleeping, max_steps=60,
-                   description="sleep until energy is full"))
+    lib.add(Option("sleep", sleep, None, initiation=tired, done=sleep_done, failure=sleeping,
+                   max_steps=60, description="sleep until energy is full"))
     lib.add(Option("wait", wait, None, done=wait_done, max_steps=1,
                    description="do nothing for a step"))
     return lib.validate()

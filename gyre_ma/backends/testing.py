@@ -74,7 +74,9 @@ class FaultyEnv:
         return self.env.step(actions)
 
     def _worker(self) -> str:
-        return os.environ.get(WORKER_ID_ENV, "0")
+        """This process's worker index; outside a rollout actor ("driver") no worker token
+        fires (a test's leftover tokens must never kill the test process itself)."""
+        return os.environ.get(WORKER_ID_ENV, "driver")
 
     def _claim(self) -> str | None:
         """The mode of a token this process claimed, or None."""

@@ -68,6 +68,11 @@ class TrainConfig(_Section):
     """Manager learning rate."""
     critic_lr: float = Field(1e-3, gt=0.0, le=1.0)
     """Critic learning rate."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """``linear``: both learning rates decay linearly from their value at iteration 0 to
+    ``lr_final`` × it at the last iteration (a rollback's cut multiplies on top)."""
+    lr_final: float = Field(0.1, ge=0.0, le=1.0)
+    """Fraction of the learning rates left at the last iteration under ``linear``."""
     epochs: int = Field(4, ge=1, le=100)
     """Passes over each iteration's batch."""
     minibatch_size: int = Field(256, ge=1)
@@ -95,6 +100,13 @@ class TrainConfig(_Section):
     @property
     def groups_per_iteration(self) -> int:
         return self.episodes_per_iteration // self.group_size
+
+    def lr_factor(self, iteration: int) -> float:
+        """The schedule's multiplier of the learning rates at ``iteration``."""
+        if self.lr_schedule == "constant" or self.iterations < 2:
+            return 1.0
+        progress = min(max(iteration, 0) / (self.iterations - 1), 1.0)
+        return 1.0 - (1.0 - self.lr_final) * progress
 
 
 class BufferConfig(_Section):

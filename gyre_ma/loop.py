@@ -283,6 +283,9 @@ class Gyre:
         if not self.critic_initialised:
             self._warm_start_critic(trajectories)
         before = copy.deepcopy(self.state_dict()) if self.checkpoints is not None else None
+        lr_scale = t.lr_factor(self.next_iteration) * (self.checkpoints.lr_scale if self.checkpoints is not None else 1.0)
+        apply_lr_scale([self.manager_module.optimizers().optimizer,
+                        self.critic_module.optimizers().optimizer], lr_scale)
         metrics = self.fitter.fit(self.manager_module, batch, epochs=t.epochs,
                                   minibatch_size=t.minibatch_size, generator=self.generator)
         metrics |= self.fitter.fit(self.critic_module, batch, epochs=t.epochs,
@@ -294,7 +297,7 @@ class Gyre:
             step = parameter_step_size(before["policy"], self.policy.state_dict())
             self.checkpoints.after_update(before, kl=metrics.get("kl"), step_size=step, step=self.next_iteration)
             metrics["update_step_size"] = step
-        return metrics | {"update_skipped": 0.0}
+        return metrics | {"update_skipped": 0.0, "lr_scale": lr_scale}
 
     def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
         """Judge the current policy by verified success on greedy evaluator episodes (or,

@@ -126,3 +126,15 @@ def test_a_rule_broken_in_a_rollout_worker_is_reported_by_the_learner():
     assert "ghost" in gyre.rewards.engine.broken["needs_ghost_key"]
     assert history[0]["rules/broken"] == 1.0
     assert math.isnan(history[0]["rules/pass_rate/needs_ghost_key"])  # neither pass nor fail
+
+
+def test_linear_lr_schedule_decays_both_learning_rates_to_the_final_fraction():
+    gyre, history = run(DOORKEY, 3, **{"train.lr_schedule": "linear", "train.lr_final": 0.25,
+                                       "checkpoints.enabled": False})
+    assert [h["lr_scale"] for h in history] == pytest.approx([1.0, 0.625, 0.25])
+    t = gyre.config.train
+    manager_lr = gyre.manager_module.optimizers().optimizer.param_groups[0]["lr"]
+    critic_lr = gyre.critic_module.optimizers().optimizer.param_groups[0]["lr"]
+    assert manager_lr == pytest.approx(0.25 * t.lr) and critic_lr == pytest.approx(0.25 * t.critic_lr)
+    _, constant = run(DOORKEY, 2, **{"checkpoints.enabled": False})
+    assert [h["lr_scale"] for h in constant] == [1.0, 1.0]

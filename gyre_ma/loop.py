@@ -284,8 +284,9 @@ class Gyre:
             self._warm_start_critic(trajectories)
         before = copy.deepcopy(self.state_dict()) if self.checkpoints is not None else None
         lr_scale = t.lr_factor(self.next_iteration) * (self.checkpoints.lr_scale if self.checkpoints is not None else 1.0)
-        apply_lr_scale([self.manager_module.optimizers().optimizer,
-                        self.critic_module.optimizers().optimizer], lr_scale)
+        if t.lr_schedule != "constant":  # otherwise the LR changes only at a rollback (_apply)
+            apply_lr_scale([self.manager_module.optimizers().optimizer,
+                            self.critic_module.optimizers().optimizer], lr_scale)
         metrics = self.fitter.fit(self.manager_module, batch, epochs=t.epochs,
                                   minibatch_size=t.minibatch_size, generator=self.generator)
         metrics |= self.fitter.fit(self.critic_module, batch, epochs=t.epochs,

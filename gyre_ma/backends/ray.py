@@ -168,6 +168,18 @@ class RayBackend:
             self._order += 1
         self._dispatch()
 
+    def wait_ready(self) -> None:
+        """Block until every actor has answered its readiness ping (after a start or a
+        restart); bounded by ``startup_timeout_s``. Work already submitted keeps running."""
+        while True:
+            starting = {s.starting: s for s in self._slots if s.starting is not None}
+            if not starting:
+                return
+            ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=1.0)
+            for ref in ready:
+                self._started(starting[ref], ref)
+            self._expire()
+
     def poll(self, timeout: float | None = 0.0) -> list[RoleTrajectory]:
         stash, self._stash = self._stash, []
         return stash + [t for _, t in self._poll(0.0 if stash and timeout is not None else timeout)]

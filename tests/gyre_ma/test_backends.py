@@ -180,6 +180,7 @@ def test_failed_workers_restart_once_per_fault_and_no_partial_episode_escapes(ra
     backend, weights = local
     tasks = noisy_tasks([20, 21, 22, 23])
     expected = [fingerprint(t) for t in backend.collect(weights, 4, tasks)]
+    ray_backend.wait_ready()  # both actors up (a previous test restarted them): two episodes each
     before = ray_backend.stats()
     pids = [a["pid"] for a in ray_backend.actor_info()]
     arm_faults(fault_dir, 1, mode=mode, worker=0)
@@ -200,6 +201,7 @@ def test_a_hanging_worker_is_replaced_within_the_sample_timeout(ray_backend, loc
     backend, weights = local
     tasks = noisy_tasks([30, 31])
     expected = [fingerprint(t) for t in backend.collect(weights, 5, tasks)]
+    ray_backend.wait_ready()
     ray_backend.collect(weights, 5, tasks[:2])  # actors warm, version 5 fetched
     before = ray_backend.stats()
     arm_faults(fault_dir, 1, mode="hang", worker=1)

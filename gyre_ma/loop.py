@@ -283,7 +283,8 @@ class Gyre:
         if not self.critic_initialised:
             self._warm_start_critic(trajectories)
         before = copy.deepcopy(self.state_dict()) if self.checkpoints is not None else None
-        lr_scale = t.lr_factor(self.next_iteration) * (self.checkpoints.lr_scale if self.checkpoints is not None else 1.0)
+        rollback_cut = self.checkpoints.lr_scale if self.checkpoints is not None else 1.0
+        lr_scale = t.lr_factor(self.next_iteration) * rollback_cut
         if t.lr_schedule != "constant":  # otherwise the LR changes only at a rollback (_apply)
             apply_lr_scale([self.manager_module.optimizers().optimizer,
                             self.critic_module.optimizers().optimizer], lr_scale)

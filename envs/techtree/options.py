@@ -498,9 +498,9 @@ def make_library(goal: str | None = None, name: str = "techtree", env: Any = Non
                  yield_in_danger: bool = True) -> OptionLibrary:
     """The scripted techtree library over ``task_graph(goal)``: one option per milestone,
     repeatable collectors, upkeep (eat, drink, sleep: eligible while it has work to do) and
-    an always-eligible ``wait``. With ``yield_in_danger`` every option but ``wait`` yields when one of its agent's vitals
-    falls into danger (``DANGER``), so the manager decides on upkeep in time. Given ``env``,
-    the goal is that environment's.
+    an always-eligible ``wait``. With ``yield_in_danger`` every option but ``wait`` yields
+    when one of its agent's vitals falls into danger (``DANGER``), so the manager decides on
+    upkeep in time. Given ``env``, the goal is that environment's.
 
     Step caps are generous: a craft called with an empty inventory gathers everything its
     recipe needs within one call.

@@ -131,7 +131,7 @@ class RayBackend:
                 self._await_start(slot)
                 self._slots.append(slot)
         self._queue: deque[_Job] = deque()
-        self._inflight: dict[Any, tuple[_Job, _Slot, float]] = {}
+        self._inflight: dict[Any, tuple[_Job, _Slot]] = {}
         self._weights: dict[int, Any] = {}
         self._order = 0
         self._stash: list[RoleTrajectory] = []
@@ -233,23 +233,22 @@ class RayBackend:
         spreads over the actors before any queues a second episode)."""
         waiting: deque[_Job] = deque()
         while self._queue:
+            room = [s for s in self._slots if s.starting is None and len(s.queued) < self.pipeline_depth]
+            if not room:
+                break
             job = self._queue.popleft()
-            open_ = [s for s in self._slots if s.starting is None and len(s.queued) < self.pipeline_depth
-                     and s.role in (None, job.task.role)]
-            if not open_:
+            fits = [s for s in room if s.role in (None, job.task.role)]
+            if not fits:
                 waiting.append(job)
-                if not any(s.starting is None and len(s.queued) < self.pipeline_depth for s in self._slots):
-                    break
                 continue
-            slot = min(open_, key=lambda s: (len(s.queued), s.role is None, s.index))
+            slot = min(fits, key=lambda s: (len(s.queued), s.role is None, s.index))
             ref = slot.actor.run.remote([self._weights[job.version]], job.version, job.task)
-            now = time.monotonic()
             if not slot.queued:
-                slot.head_since = now
+                slot.head_since = time.monotonic()
             slot.queued.append(ref)
-            self._inflight[ref] = (job, slot, now)
+            self._inflight[ref] = (job, slot)
         self._queue.extendleft(reversed(waiting))
-        live = {job.version for job in self._queue} | {job.version for job, _, _ in self._inflight.values()}
+        live = {job.version for job in self._queue} | {job.version for job, _ in self._inflight.values()}
         latest = max(self._weights, default=None)
         self._weights = {v: r for v, r in self._weights.items() if v in live or v == latest}
 
@@ -285,7 +284,7 @@ class RayBackend:
     def _finish(self, ref: Any, out: list[tuple[int, RoleTrajectory]]) -> None:
         if ref not in self._inflight:  # requeued when its actor faulted earlier in this batch
             return
-        job, slot, _ = self._inflight.pop(ref)
+        job, slot = self._inflight.pop(ref)
         slot.queued.remove(ref)
         slot.head_since = time.monotonic()
         try:
@@ -335,7 +334,7 @@ class RayBackend:
                 )
         for slot in self._slots:
             if slot.queued and now >= slot.head_since + self.sample_timeout_s:
-                job, _, _ = self._inflight.pop(slot.queued.popleft())
+                job, _ = self._inflight.pop(slot.queued.popleft())
                 self._requeue_behind(slot)
                 self._counts["timeouts"] += 1
                 self._replace(slot)
@@ -347,7 +346,7 @@ class RayBackend:
         jobs = [self._inflight.pop(ref)[0] for ref in slot.queued]
         slot.queued.clear()
         self._counts["requeued"] += len(jobs)
-        self._queue.extendleft(reversed(sorted(jobs, key=lambda j: j.order)))
+        self._queue.extendleft(sorted(jobs, key=lambda j: j.order, reverse=True))
 
     def _replace(self, slot: _Slot) -> None:
         """Kill the actor for good (its partial episode is lost with it) and start a fresh one."""

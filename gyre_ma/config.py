@@ -239,8 +239,11 @@ class BackendConfig(_Section):
     sample_timeout_s: float = Field(600.0, gt=0.0)
     """Seconds one episode may take before its actor is killed and replaced."""
     pipeline_depth: int = Field(2, ge=1, le=16)
-    """Episodes queued on one Ray actor at a time, so it starts the next without waiting
+    """Calls queued on one Ray actor at a time, so it starts the next without waiting
     for the driver (1: one at a time)."""
+    episodes_per_call: int = Field(4, ge=1, le=64)
+    """The most episodes one call to a Ray actor plays (fewer as the queue runs low):
+    larger chunks spread the driver's per-call cost over more episodes."""
     ray_init: dict[str, Any] = Field(default_factory=dict)
     """``ray.init`` keyword arguments (``address``, ``num_cpus``), used only with Ray."""
     async_rollouts: bool = False

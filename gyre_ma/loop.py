@@ -29,8 +29,8 @@ from gyre_ma.credit import group_outcome_advantages, option_advantages, smdp_ret
 from gyre_ma.curriculum import PHASES, Curriculum
 from gyre_ma.envs.registry import make_oracle
 from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
-from gyre_ma.staleness import filter_stale
 from gyre_ma.rollout import OptionCall, Trajectory, run_episode
+from gyre_ma.staleness import filter_stale
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
 from gyre_ma.trainers.manager import ManagerModule
@@ -454,7 +454,7 @@ def _backend(config: ExperimentConfig) -> Any:
         return make_backend("ray", config, workers=b.workers, max_restarts=b.max_restarts,
                             max_attempts=b.max_attempts, sample_timeout_s=b.sample_timeout_s,
                             cpus_per_worker=b.cpus_per_worker, init=b.ray_init,
-                            pipeline_depth=b.pipeline_depth)
+                            pipeline_depth=b.pipeline_depth, episodes_per_call=b.episodes_per_call)
     return make_backend("local", config)
 
 

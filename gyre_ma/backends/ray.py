@@ -2,17 +2,22 @@
 
 * Weights go out through the object store: one ``ray.put`` per policy version; each
   actor fetches a version once and caches it.
-* An actor plays one episode at a time, so a fault costs one episode; up to
-  ``pipeline_depth`` episodes are queued on it, so the next starts the moment one ends
-  instead of after a round trip to the driver. When an episode
-  raises inside the actor (an env or option fault) the actor is restarted
+* One call to an actor plays a *chunk* of up to ``episodes_per_call`` episodes (fewer
+  as the queue runs low, so no actor is left with a long tail), one at a time; up to
+  ``pipeline_depth`` calls are queued on it, so the next starts the moment one ends
+  instead of after a round trip to the driver. Chunks divide the driver's per-call cost
+  (submission, ``ray.wait``, result bookkeeping) over their episodes.
+* When an episode raises inside the actor (an env or option fault), the actor returns
+  the chunk's finished episodes and the error; the actor is restarted
   (``ray.kill(..., no_restart=False)``; Ray re-runs its constructor, within
-  ``max_restarts``); when the actor process dies, Ray restarts it by itself. Either way
-  the episode is re-issued whole, up to ``max_attempts`` times. Episodes queued behind it
-  on that actor are requeued as they were (they did not fault; ``backend/requeued``).
-* A hanging episode is bounded by ``sample_timeout_s`` (``ray.wait(..., timeout=...)``),
+  ``max_restarts``) and the faulty episode re-issued whole, up to ``max_attempts`` times.
+  When the actor process dies, Ray restarts it by itself; which episode of a chunk was
+  playing is unknown, so the chunk's episodes go back one per call (the next death
+  names its episode). Calls queued behind a fault are requeued as they were (they did
+  not fault; ``backend/requeued``).
+* A hanging call is bounded by ``sample_timeout_s`` (``ray.wait(..., timeout=...)``),
   counted from when it could start (its predecessor on the actor ended): its actor is
-  killed and replaced by a fresh one, the episode re-issued.
+  killed and replaced by a fresh one, its episodes re-issued as for a death.
 * Calls use ``max_task_retries=0``: the backend, not Ray, decides what is re-issued, so
   no episode is ever returned in part or twice.
 
@@ -50,11 +55,19 @@ class RolloutActor:
         """New on every (re)start: tells a restarted actor from the one that was killed."""
         self.worker = RolloutWorker(config, worker_id=worker_id, roles=roles)
 
-    def run(self, box: list[Any], version: int, task: RolloutTask) -> RoleTrajectory:
-        """``box`` holds the weights' ObjectRef (boxed so Ray does not fetch it per call)."""
+    def run(self, box: list[Any], version: int, tasks: list[RolloutTask]) -> tuple[list[RoleTrajectory], str | None]:
+        """Play ``tasks`` in order: their trajectories, and the error that stopped the chunk
+        early (``None``: all played). ``box`` holds the weights' ObjectRef (boxed so Ray
+        does not fetch it per call)."""
         ref = box[0]
         weights = None if ref is None or version == self.worker.kit.version else ray.get(ref)
-        return self.worker.run(task, weights, version)
+        done: list[RoleTrajectory] = []
+        for task in tasks:
+            try:
+                done.append(self.worker.run(task, weights, version))
+            except Exception as exc:  # noqa: BLE001 - any fault: the driver restarts this actor
+                return done, f"{type(exc).__name__}: {_last_line(exc)}"
+        return done, None
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "worker_id": self.worker.worker_id, "incarnation": self.incarnation}
@@ -67,6 +80,9 @@ class _Job:
     order: int
     attempts: int = 0
     errors: list[str] = field(default_factory=list)
+    solo: bool = False
+    """Play in a chunk of its own (after a chunk it was in died or hung, so the next
+    failure names its episode)."""
 
 
 @dataclass
@@ -88,9 +104,9 @@ class _Slot:
     """The incarnation we asked Ray to restart: a ping answered by it (``ray.kill`` is
     asynchronous) does not count as the restarted actor being ready."""
     queued: deque[Any] = field(default_factory=deque)
-    """ObjectRefs of the episodes sent to this actor, oldest (the one playing) first."""
+    """ObjectRefs of the calls sent to this actor, oldest (the one playing) first."""
     head_since: float = 0.0
-    """When the oldest queued episode could start: the sample timeout counts from here."""
+    """When the oldest queued call could start: the sample timeout counts from here."""
 
 
 class RayBackend:
@@ -99,10 +115,12 @@ class RayBackend:
     def __init__(self, config: Any, *, workers: int | Mapping[str, int] = 2, max_restarts: int = 3,
                  max_attempts: int = 3, sample_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  cpus_per_worker: float = 1.0, roles: Mapping[str, Role] | None = None,
-                 init: Mapping[str, Any] | None = None, pipeline_depth: int = 2) -> None:
+                 init: Mapping[str, Any] | None = None, pipeline_depth: int = 2,
+                 episodes_per_call: int = 4) -> None:
         """``workers``: a number of actors that play any role, or actors per role
         (``{"explorer": 1, "executor": 2}``). ``init``: keyword arguments for ``ray.init``.
-        ``pipeline_depth``: episodes queued on one actor at a time (1: none waits)."""
+        ``pipeline_depth``: calls queued on one actor at a time (1: none waits).
+        ``episodes_per_call``: the most episodes one call plays (a chunk)."""
         counts = {None: workers} if isinstance(workers, int) else dict(workers)
         unknown = [r for r in counts if r is not None and r not in ROLES]
         if unknown:
@@ -110,11 +128,12 @@ class RayBackend:
         if any(n < 0 for n in counts.values()) or sum(counts.values()) < 1:
             raise ValueError(f"workers: need at least one actor and no negative counts, got {workers!r}")
         if (max_restarts < 0 or max_attempts < 1 or sample_timeout_s <= 0 or startup_timeout_s < 0
-                or pipeline_depth < 1):
+                or pipeline_depth < 1 or episodes_per_call < 1):
             raise ValueError(f"need max_restarts >= 0, max_attempts >= 1, sample_timeout_s > 0, "
-                             f"startup_timeout_s >= 0 and pipeline_depth >= 1; got {max_restarts}, "
-                             f"{max_attempts}, {sample_timeout_s}, {startup_timeout_s}, {pipeline_depth}")
-        self.pipeline_depth = pipeline_depth
+                             f"startup_timeout_s >= 0, pipeline_depth >= 1 and episodes_per_call >= 1; got "
+                             f"{max_restarts}, {max_attempts}, {sample_timeout_s}, {startup_timeout_s}, "
+                             f"{pipeline_depth}, {episodes_per_call}")
+        self.pipeline_depth, self.episodes_per_call = pipeline_depth, episodes_per_call
         self.config, self.roles = config, roles
         self.max_restarts, self.max_attempts = max_restarts, max_attempts
         self.sample_timeout_s, self.startup_timeout_s = sample_timeout_s, startup_timeout_s
@@ -131,7 +150,7 @@ class RayBackend:
                 self._await_start(slot)
                 self._slots.append(slot)
         self._queue: deque[_Job] = deque()
-        self._inflight: dict[Any, tuple[_Job, _Slot]] = {}
+        self._inflight: dict[Any, tuple[list[_Job], _Slot]] = {}
         self._weights: dict[int, Any] = {}
         self._order = 0
         self._stash: list[RoleTrajectory] = []
@@ -229,8 +248,8 @@ class RayBackend:
         slot.since = time.monotonic()
 
     def _dispatch(self) -> None:
-        """Fill every ready actor up to ``pipeline_depth``, shallowest first (so work
-        spreads over the actors before any queues a second episode)."""
+        """Fill every ready actor up to ``pipeline_depth`` calls, shallowest first (so work
+        spreads over the actors before any queues a second call)."""
         waiting: deque[_Job] = deque()
         while self._queue:
             room = [s for s in self._slots if s.starting is None and len(s.queued) < self.pipeline_depth]
@@ -242,13 +261,29 @@ class RayBackend:
                 waiting.append(job)
                 continue
             slot = min(fits, key=lambda s: (len(s.queued), s.role is None, s.index))
-            ref = slot.actor.run.remote([self._weights[job.version]], job.version, job.task)
+            jobs = [job] + self._chunk_after(job, slot)
+            ref = slot.actor.run.remote([self._weights[job.version]], job.version, [j.task for j in jobs])
             if not slot.queued:
                 slot.head_since = time.monotonic()
             slot.queued.append(ref)
-            self._inflight[ref] = (job, slot)
+            self._inflight[ref] = (jobs, slot)
         self._queue.extendleft(reversed(waiting))
-        live = {job.version for job in self._queue} | {job.version for job, _ in self._inflight.values()}
+
+    def _chunk_after(self, job: _Job, slot: _Slot) -> list[_Job]:
+        """Jobs from the head of the queue to play in one call after ``job``: same policy
+        version, a role the actor plays, none marked solo; at most ``episodes_per_call``
+        in all, and no more than an even share of the queue, so that the last calls of a
+        batch are short and the actors finish together."""
+        share = -(-(len(self._queue) + 1) // (len(self._slots) * self.pipeline_depth))
+        n = min(self.episodes_per_call, share) - 1
+        more: list[_Job] = []
+        while job.solo is False and len(more) < n and self._queue:
+            nxt = self._queue[0]
+            if nxt.solo or nxt.version != job.version or slot.role not in (None, nxt.task.role):
+                break
+            more.append(self._queue.popleft())
+        return more
+        live = {job.version for job in self._queue} | {j.version for jobs, _ in self._inflight.values() for j in jobs}
         latest = max(self._weights, default=None)
         self._weights = {v: r for v, r in self._weights.items() if v in live or v == latest}
 
@@ -284,22 +319,29 @@ class RayBackend:
     def _finish(self, ref: Any, out: list[tuple[int, RoleTrajectory]]) -> None:
         if ref not in self._inflight:  # requeued when its actor faulted earlier in this batch
             return
-        job, slot = self._inflight.pop(ref)
+        jobs, slot = self._inflight.pop(ref)
         slot.queued.remove(ref)
         slot.head_since = time.monotonic()
         try:
-            traj = ray.get(ref)
-        except ray.exceptions.RayActorError as exc:  # the process died; Ray restarts it within max_restarts
-            self._fault(job, slot, exc, kill=False)
+            done, error = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            # the process died (Ray restarts it within max_restarts), or the call itself failed
+            self._fault(slot, kill=not isinstance(exc, ray.exceptions.RayActorError))
+            self._reissue_unknown(jobs, f"{type(exc).__name__}: {_last_line(exc)}")
             return
-        except ray.exceptions.RayError as exc:  # the episode raised inside the actor
-            self._fault(job, slot, exc, kill=True)
-            return
-        self._counts["episodes"] += 1
-        self._counts["env_steps"] += traj.length
-        out.append((job.order, traj))
+        for job, traj in zip(jobs, done, strict=False):
+            self._counts["episodes"] += 1
+            self._counts["env_steps"] += traj.length
+            out.append((job.order, traj))
+        if error is not None:  # an episode raised inside the actor: the rest of the chunk did not play
+            faulty, unplayed = jobs[len(done)], jobs[len(done) + 1:]
+            self._fault(slot, kill=True)
+            self._counts["requeued"] += len(unplayed)
+            self._queue.extendleft(reversed(unplayed))
+            self._reissue(faulty, error)
 
-    def _fault(self, job: _Job, slot: _Slot, exc: BaseException, *, kill: bool) -> None:
+    def _fault(self, slot: _Slot, *, kill: bool) -> None:
+        """Restart (or, past ``max_restarts``, replace) a faulty actor; requeue what was queued on it."""
         self._requeue_behind(slot)
         self._counts["restarts"] += 1
         slot.restarts += 1
@@ -310,7 +352,6 @@ class RayBackend:
                 slot.killed = slot.incarnation
                 ray.kill(slot.actor, no_restart=False)
             self._await_start(slot)
-        self._reissue(job, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
 
     def _started(self, slot: _Slot, ref: Any) -> None:
         try:
@@ -334,16 +375,16 @@ class RayBackend:
                 )
         for slot in self._slots:
             if slot.queued and now >= slot.head_since + self.sample_timeout_s:
-                job, _ = self._inflight.pop(slot.queued.popleft())
+                jobs, _ = self._inflight.pop(slot.queued.popleft())
                 self._requeue_behind(slot)
                 self._counts["timeouts"] += 1
                 self._replace(slot)
-                self._reissue(job, f"no result within the sample timeout of {self.sample_timeout_s:g} s")
+                self._reissue_unknown(jobs, f"no result within the sample timeout of {self.sample_timeout_s:g} s")
 
     def _requeue_behind(self, slot: _Slot) -> None:
         """The episodes still queued on an actor that is going away go back to the queue
         unchanged (no attempt spent): they did not fault, and are never returned in part."""
-        jobs = [self._inflight.pop(ref)[0] for ref in slot.queued]
+        jobs = [job for ref in slot.queued for job in self._inflight.pop(ref)[0]]
         slot.queued.clear()
         self._counts["requeued"] += len(jobs)
         self._queue.extendleft(sorted(jobs, key=lambda j: j.order, reverse=True))
@@ -356,6 +397,18 @@ class RayBackend:
         self._await_start(slot)
         self._counts["replaced"] += 1
 
+    def _reissue_unknown(self, jobs: list[_Job], error: str) -> None:
+        """A call died or hung without saying which of its episodes was playing: a lone
+        episode is re-issued (one attempt spent); a chunk's go back one per call, no
+        attempt spent, so that a repeat failure names its episode."""
+        if len(jobs) == 1:
+            self._reissue(jobs[0], error)
+            return
+        for job in jobs:
+            job.solo = True
+        self._counts["reissued"] += len(jobs)
+        self._queue.extendleft(reversed(jobs))
+
     def _reissue(self, job: _Job, error: str) -> None:
         job.attempts += 1
         job.errors.append(error)
@@ -366,3 +419,8 @@ class RayBackend:
             )
         self._counts["reissued"] += 1
         self._queue.appendleft(job)
+
+
+def _last_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else ""

@@ -5,7 +5,8 @@ an episode, claims a *fault token* from ``fault_dir`` (a file, claimed by deleti
 so each token fires exactly once across processes and restarts). A claimed token
 raises :class:`InjectedFault` (mode ``raise``), kills the process (``exit``) or sleeps
 forever (``hang``). Tokens made by :func:`arm_faults` for worker ``w`` fire only in the
-process whose ``GYRE_MA_WORKER_ID`` is ``w`` (set by Ray rollout actors).
+process whose ``GYRE_MA_WORKER_ID`` is ``w`` (set by Ray rollout actors); tokens for a
+task seed fire only in an episode reset with that seed.
 With no token left the wrapper is transparent: same observations, milestones, rewards.
 
 Lives in the package (not under tests/) so that Ray workers can import it.
@@ -29,16 +30,19 @@ class InjectedFault(RuntimeError):
     """The fault a test asked for."""
 
 
-def arm_faults(fault_dir: str | Path, n: int, *, mode: FaultMode = "raise", worker: int | None = None) -> list[Path]:
-    """Create ``n`` fault tokens of one mode, for one worker index or (``None``) any process."""
+def arm_faults(fault_dir: str | Path, n: int, *, mode: FaultMode = "raise", worker: int | None = None,
+               seed: int | None = None) -> list[Path]:
+    """Create ``n`` fault tokens of one mode, for one worker index or (``None``) any process,
+    and for episodes of one task seed or (``None``) any."""
     if mode not in ("raise", "exit", "hang"):
         raise ValueError(f"mode must be raise, exit or hang, got {mode!r}")
     d = Path(fault_dir)
     d.mkdir(parents=True, exist_ok=True)
     who = "any" if worker is None else f"w{worker}"
+    which = "all" if seed is None else f"s{seed}"
     paths = []
     for _ in range(n):
-        path = d / f"{who}-{uuid.uuid4().hex}.token"
+        path = d / f"{who}-{which}-{uuid.uuid4().hex}.token"
         path.write_text(mode)
         paths.append(path)
     return paths
@@ -53,13 +57,13 @@ class FaultyEnv:
 
     def __init__(self, env: Any, *, fault_dir: str, at_step: int) -> None:
         self.env, self.fault_dir, self.at_step = env, Path(fault_dir), at_step
-        self._steps = 0
+        self._steps, self._seed = 0, None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["env"], name)
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        self._steps = 0
+        self._steps, self._seed = 0, seed
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
@@ -80,7 +84,9 @@ class FaultyEnv:
 
     def _claim(self) -> str | None:
         """The mode of a token this process claimed, or None."""
-        for pattern in (f"w{self._worker()}-*.token", "any-*.token"):
+        patterns = [f"{who}-{which}-*.token" for who in (f"w{self._worker()}", "any")
+                    for which in ("all", f"s{self._seed}")]
+        for pattern in patterns:
             for token in sorted(self.fault_dir.glob(pattern)):
                 try:
                     mode = token.read_text()

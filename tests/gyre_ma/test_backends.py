@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre_ma.agents.noise import NoiseSetting
-from gyre_ma.agents.roles import RoleTrajectory, iteration_tasks, policy_weights
+from gyre_ma.agents.roles import RoleTrajectory, RolloutTask, iteration_tasks, policy_weights
 from gyre_ma.backends import Backend, make_backend
 from gyre_ma.backends.local import LocalBackend
+from gyre_ma.backends.ray import _Job
 from gyre_ma.backends.testing import arm_faults, tokens_left
 from gyre_ma.config import parse_config
 from gyre_ma.rollout import Trajectory
@@ -189,9 +190,13 @@ def test_failed_workers_restart_once_per_fault_and_no_partial_episode_escapes(ra
     after = ray_backend.stats()
     assert tokens_left(fault_dir) == 0
     assert after["backend/restarts"] - before["backend/restarts"] == 2
-    assert after["backend/reissued"] - before["backend/reissued"] == 2
-    # each actor had a second episode queued behind the faulty one: requeued, not a fault
-    assert after["backend/requeued"] - before["backend/requeued"] == 2
+    # 8 episodes, 2 actors x 2 calls: each actor plays a chunk of two, a call of one queued
+    # behind it, and faults in its chunk's first episode. Raised: that episode is
+    # re-issued; its chunk-mate and the queued call are requeued (they did not fault).
+    # Died: the whole chunk is re-issued (which one was playing is unknown), the call requeued.
+    reissued, requeued = (2, 4) if mode == "raise" else (4, 2)
+    assert after["backend/reissued"] - before["backend/reissued"] == reissued
+    assert after["backend/requeued"] - before["backend/requeued"] == requeued
     assert after["backend/episodes"] - before["backend/episodes"] == len(tasks)  # nothing extra, nothing partial
     assert [fingerprint(t) for t in got] == expected
     assert all(new != old for new, old in zip((a["pid"] for a in ray_backend.actor_info()), pids, strict=True))
@@ -233,6 +238,48 @@ def test_async_submit_and_poll_carry_versions_for_the_staleness_filter(ray_backe
     assert [fingerprint(t) for t in sorted(got, key=key)] == [fingerprint(t) for t in sorted(expected, key=key)]
     kept, dropped = filter_stale(got, current_version=8, max_staleness=1)
     assert dropped == 4 and {t.policy_version for t in kept} == {7}
+
+
+@pytest.mark.parametrize("mode", ["raise", "exit"])
+def test_a_fault_inside_a_chunk_costs_only_its_episode(ray_backend, local, fault_dir, mode):
+    """One actor, one call of four episodes; the third faults. Raised: the first two are
+    kept, the third re-issued, the fourth requeued unplayed. Died: which episode was
+    playing is unknown, so all four go back one per call, no attempt spent."""
+    backend, weights = local
+    tasks = noisy_tasks([50, 51])  # four episodes: two seeds, explorer and executor each
+    expected = [fingerprint(t) for t in backend.collect(weights, 8, tasks)]
+    chunked = make_backend("ray", ray_backend.config, workers=1, pipeline_depth=1, episodes_per_call=4,
+                           max_restarts=4, max_attempts=2, sample_timeout_s=60.0,
+                           cpus_per_worker=0.0)  # the module's two actors hold both CPUs
+    try:
+        chunked.collect(weights, 8, tasks[:1])  # started, weights fetched
+        arm_faults(fault_dir, 1, mode=mode, worker=0, seed=51)
+        got = chunked.collect(weights, 8, tasks)
+        stats = chunked.stats()
+    finally:
+        chunked.close()
+    assert tokens_left(fault_dir) == 0
+    assert [fingerprint(t) for t in got] == expected
+    assert stats["backend/restarts"] == 1 and stats["backend/episodes"] == 1 + len(tasks)
+    if mode == "raise":
+        assert (stats["backend/reissued"], stats["backend/requeued"]) == (1, 1)
+    else:
+        assert (stats["backend/reissued"], stats["backend/requeued"]) == (len(tasks), 0)
+
+
+def test_chunks_shrink_as_the_queue_runs_low(ray_backend):
+    backend = ray_backend
+    assert backend.episodes_per_call == 4 and backend.pipeline_depth == 2 and len(backend._slots) == 2
+    try:
+        backend._queue.extend(_Job(RolloutTask("executor", s), 0, s) for s in range(12))
+        sizes = []
+        while backend._queue:
+            job = backend._queue.popleft()
+            sizes.append(1 + len(backend._chunk_after(job, backend._slots[0])))
+    finally:
+        backend._queue.clear()
+    assert sizes == [3, 3, 2, 1, 1, 1, 1]  # even shares of 2 actors x 2 calls, capped at 4
+    assert sum(sizes) == 12
 
 
 def test_ray_workers_per_role_are_validated(ray_backend, local):

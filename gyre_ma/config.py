@@ -237,7 +237,8 @@ class BackendConfig(_Section):
     max_attempts: int = Field(3, ge=1)
     """Tries per episode before the run fails."""
     sample_timeout_s: float = Field(600.0, gt=0.0)
-    """Seconds one episode may take before its actor is killed and replaced."""
+    """Seconds one call to an actor (up to ``episodes_per_call`` episodes) may take
+    before the actor is killed and replaced."""
     pipeline_depth: int = Field(2, ge=1, le=16)
     """Calls queued on one Ray actor at a time, so it starts the next without waiting
     for the driver (1: one at a time)."""

@@ -433,6 +433,15 @@ def _interrupted(ctx: OptionContext, spared: int | None) -> bool:
     return any(v != spared and vitals[v] <= DANGER < start[v] for v in (FOOD_V, DRINK_V, ENERGY_V))
 
 
+def safe(ctx: OptionContext) -> bool:
+    """None of the agent's food, drink and energy is in danger: a job (tens to hundreds of
+    steps) can start. In danger only upkeep, fetching food or water, and ``wait`` can:
+    a job begun there would starve the agent before it ends."""
+    env, i = _agent(ctx)
+    vitals = env.vitals[i]
+    return all(vitals[v] > DANGER for v in (FOOD_V, DRINK_V, ENERGY_V))
+
+
 def no_route(ctx: OptionContext) -> bool:
     """The sub-policy found no route to its target."""
     return bool(ctx.memory.get("failed"))
@@ -470,6 +479,24 @@ def has_iron_pickaxe(ctx: OptionContext) -> bool:
     return env.inventory(i)[IRON_PICKAXE] > 0
 
 
+def safe_with_wood_pickaxe(ctx: OptionContext) -> bool:
+    return safe(ctx) and has_wood_pickaxe(ctx)
+
+
+def safe_with_stone_pickaxe(ctx: OptionContext) -> bool:
+    return safe(ctx) and has_stone_pickaxe(ctx)
+
+
+def safe_with_iron_pickaxe(ctx: OptionContext) -> bool:
+    return safe(ctx) and has_iron_pickaxe(ctx)
+
+
+_SAFE = {None: safe, has_wood_pickaxe: safe_with_wood_pickaxe, has_stone_pickaxe: safe_with_stone_pickaxe,
+         has_iron_pickaxe: safe_with_iron_pickaxe}
+"""A job's initiation → the same, only while the agent is :func:`safe` (importable
+predicates: a library is saved by reference)."""
+
+
 # ---------------------------------------------------------------------------- the library
 _CRAFT_OPTIONS = (
     (place_table, "place_table", "place a table (chopping the wood it costs first)"),
@@ -495,12 +522,16 @@ _GATHER_OPTIONS = (
 
 
 def make_library(goal: str | None = None, name: str = "techtree", env: Any = None, *,
-                 yield_in_danger: bool = True) -> OptionLibrary:
+                 yield_in_danger: bool = True, jobs_in_danger: bool = False) -> OptionLibrary:
     """The scripted techtree library over ``task_graph(goal)``: one option per milestone,
     repeatable collectors, upkeep (eat, drink, sleep: eligible while it has work to do) and
     an always-eligible ``wait``. With ``yield_in_danger`` every option but ``wait`` yields
     when one of its agent's vitals falls into danger (``DANGER``), so the manager decides on
-    upkeep in time. Given ``env``, the goal is that environment's.
+    upkeep in time. Unless ``jobs_in_danger``, the jobs (crafting, mining, gathering wood,
+    stone, coal or iron) are eligible only while the agent is :func:`safe`: otherwise the
+    manager could start a long job on a starving agent, and a learned one does (it lost an
+    agent that way in every episode, halving the team). Given ``env``, the goal is that
+    environment's.
 
     Step caps are generous: a craft called with an empty inventory gathers everything its
     recipe needs within one call.
@@ -512,13 +543,16 @@ def make_library(goal: str | None = None, name: str = "techtree", env: Any = Non
         (failed, failed_eating, failed_drinking, failed_sleeping) if yield_in_danger
         else (no_route, no_route, no_route, None)
     )
+    gate = (lambda initiation: initiation) if jobs_in_danger else _SAFE.__getitem__
     for policy, done, milestone, initiation, cap, text in _GATHER_OPTIONS:
+        if milestone not in ("collect_food", "collect_drink"):  # fetching food or water is upkeep
+            initiation = gate(initiation)
         lib.add(Option(policy.__name__, policy, milestone, initiation=initiation, done=done,
                        failure=job, max_steps=cap, repeatable=True, description=text))
     for policy, milestone, text in _CRAFT_OPTIONS:
-        lib.add(Option(policy.__name__, policy, milestone, failure=job, max_steps=1000,
+        lib.add(Option(policy.__name__, policy, milestone, initiation=gate(None), failure=job, max_steps=1000,
                        description=text))
-    lib.add(Option("mine_diamond", mine_diamond, "collect_diamond", initiation=has_iron_pickaxe,
+    lib.add(Option("mine_diamond", mine_diamond, "collect_diamond", initiation=gate(has_iron_pickaxe),
                    failure=job, max_steps=500, description="tunnel to a diamond and mine it"))
     lib.add(Option("eat", eat, "eat_food", initiation=hungry, done=eat_done, repeatable=True,
                    failure=eating, max_steps=150,

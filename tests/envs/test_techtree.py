@@ -505,6 +505,33 @@ def test_jobs_yield_when_a_vital_falls_into_danger_and_upkeep_is_spared():
     assert plain.termination(ctx, env.verified_milestones()) is None
 
 
+def test_jobs_cannot_start_while_a_vital_is_in_danger_but_upkeep_can():
+    env = techtree_v0.parallel_env()
+    env.reset(seed=0)
+    for tool in ("wood_pickaxe", "stone_pickaxe", "iron_pickaxe"):  # the jobs' own initiations hold
+        env.inventory(0)[tt.ITEM_INDEX[tool]] = 1
+    # all but two one-shot milestones: their options' prerequisites hold and they are not done
+    everything = frozenset(make_library().graph.names) - {"place_table", "collect_diamond"}
+    jobs = ["gather_wood", "gather_stone", "gather_iron", "place_table", "mine_diamond"]
+    upkeep = ["eat", "drink", "gather_food", "gather_water", "wait"]
+
+    def eligible(library, vital, level):
+        env.vitals[0][:] = [env.config.max_vital] * len(tt.VITALS)
+        env.vitals[0][vital] = level
+        ctx = OptionContext("agent_0", env, None, everything)
+        mask = library.mask(everything, ctx)
+        return {name: bool(mask[library.index(name)]) for name in jobs + upkeep}
+
+    gated, ungated = make_library(), make_library(jobs_in_danger=True)
+    assert all(eligible(gated, tt.FOOD_V, tt_options.DANGER + 1)[j] for j in jobs)
+    for vital in (tt.FOOD_V, tt.DRINK_V, tt.ENERGY_V):
+        in_danger = eligible(gated, vital, tt_options.DANGER)
+        assert not any(in_danger[j] for j in jobs), vital
+        assert in_danger["wait"] and in_danger["gather_food"] and in_danger["gather_water"]
+    assert eligible(gated, tt.FOOD_V, 0)["eat"] and eligible(gated, tt.DRINK_V, 0)["drink"]
+    assert all(eligible(ungated, tt.DRINK_V, 0)[j] for j in jobs)  # the old library: the manager's call
+
+
 def test_sleep_option_restores_energy():
     env = blank()
     library = make_library()

@@ -6,7 +6,8 @@ one-agent variant (where SB3, a single-agent library, runs through ``to_gymnasiu
 Every learner sees the same environment and the same verified milestone rewards.
 Prints one JSON object; writes a PNG of the learning curves (``--png``).
 
-    python benchmarks/sample_efficiency.py --seeds 3 --iterations 300 --jobs 2 --skip-flat
+    python benchmarks/sample_efficiency.py --seeds 3 --iterations 300 --jobs 2 --variants milestone,plain
+    python benchmarks/sample_efficiency.py --seeds 3 --variants flat --flat-budget 1.5e6 --jobs 2
 
 Managers train with the framework's defaults for the roles but without exploration noise
 (parameter noise slowed learning on this task; see ``benchmarks/noise_ablation.py``), with
@@ -116,49 +117,61 @@ def run_sb3(seed: int, budget_steps: int, n_eval: int = 20) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+VARIANTS = ("milestone", "plain", "flat", "sb3")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=200, help="manager iterations per run")
-    parser.add_argument("--flat-multiplier", type=float, default=10.0, help="flat PPO budget ÷ manager budget")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="which learners, of: milestone, plain (the two-agent managers), flat (flat PPO in "
+                             "the framework), sb3 (the one-agent manager and Stable-Baselines3 PPO)")
+    parser.add_argument("--flat-multiplier", type=float, default=10.0,
+                        help="flat-PPO and SB3 budget ÷ the milestone manager's env steps")
     parser.add_argument("--flat-budget", type=float, default=None,
-                        help="flat PPO env steps per run, instead of the multiplier (where 10x is out of reach)")
-    parser.add_argument("--one-agent", action="store_true", help="also run the n_agents=1 comparison with SB3")
+                        help="flat-PPO and SB3 env steps per run, instead of the multiplier "
+                             "(where 10x is out of reach)")
     parser.add_argument("--png", default="sample_efficiency.png")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--eval-episodes", type=int, default=40)
-    parser.add_argument("--skip-flat", action="store_true", help="leave out the flat-PPO runs")
     args = parser.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
+    if args.flat_budget is None and {"flat", "sb3"} & set(chosen) and "milestone" not in chosen:
+        parser.error("--variants: flat and sb3 take their budget from the milestone manager; "
+                     "add it or give --flat-budget")
     pool = ProcessPoolExecutor(args.jobs)
     out: dict[str, Any] = {"benchmark": "sample_efficiency", "env": ENV, "seeds": args.seeds,
-                           "iterations": args.iterations, "runs": {}}
+                           "iterations": args.iterations, "variants": chosen, "runs": {}}
     out["oracle"] = run_fixed("oracle", 2, 20)
     out["random"] = run_fixed("random", 2, 20)
-    variants = {
-        "manager_milestone": {"credit": {"mode": "blend"}},
-        "manager_plain_gae": {"credit": {"mode": "plain"}},
-    }
-    futures = {name: [pool.submit(run_gyre, config(name, s, args.iterations, 2, **dict(sections)),
+    managers = {"milestone": ("manager_milestone", 2, "blend"), "plain": ("manager_plain_gae", 2, "plain"),
+                "sb3": ("one_agent_manager_milestone", 1, "blend")}
+    futures = {name: [pool.submit(run_gyre, config(name, s, args.iterations, n_agents, credit={"mode": mode}),
                                   eval_episodes=args.eval_episodes) for s in range(args.seeds)]
-               for name, sections in variants.items()}
-    if args.one_agent:
-        futures["one_agent_manager_milestone"] = [
-            pool.submit(run_gyre, config("one", s, args.iterations, 1, credit={"mode": "blend"}),
-                        eval_episodes=args.eval_episodes) for s in range(args.seeds)]
+               for variant, (name, n_agents, mode) in managers.items() if variant in chosen}
+
+    def budget(runs_of: str) -> float:
+        if args.flat_budget is not None:
+            return float(args.flat_budget)
+        return args.flat_multiplier * float(np.mean([f.result()["env_steps"] for f in futures[runs_of]]))
+
+    if "flat" in chosen:
+        flat_budget = budget("manager_milestone")
+        out["flat_budget"] = flat_budget
+        futures["flat_ppo"] = [
+            pool.submit(run_gyre, config("flat", s, 10**6, 2, manager={"kind": "flat", "hidden": 64},
+                                         credit={"mode": "plain"}, train={"episodes_per_iteration": 8}), flat_budget)
+            for s in range(args.seeds)]
+    if "sb3" in chosen:
+        sb3_budget = int(budget("one_agent_manager_milestone"))
+        out["sb3_budget"] = sb3_budget
+        futures["one_agent_sb3_ppo"] = [pool.submit(run_sb3, s, sb3_budget) for s in range(args.seeds)]
     for name, runs in futures.items():
         out["runs"][name] = [f.result() for f in runs]
-    manager_steps = float(np.mean([r["env_steps"] for r in out["runs"]["manager_milestone"]]))
-    budget = args.flat_budget if args.flat_budget is not None else args.flat_multiplier * manager_steps
-    out["flat_budget"] = {"env_steps": budget, "over_manager_env_steps": budget / manager_steps}
-    if not args.skip_flat:
-        out["runs"]["flat_ppo"] = [f.result() for f in [
-            pool.submit(run_gyre, config("flat", s, 10**6, 2, manager={"kind": "flat", "hidden": 64},
-                                         credit={"mode": "plain"}, train={"episodes_per_iteration": 8}), budget)
-            for s in range(args.seeds)]]
-    if args.one_agent:
-        one = out["runs"]["one_agent_manager_milestone"]
-        sb3_budget = int(args.flat_multiplier * np.mean([r["env_steps"] for r in one]))
-        out["runs"]["one_agent_sb3_ppo"] = [run_sb3(s, sb3_budget) for s in range(args.seeds)]
     out["summary"] = {
         name: {"final_success_mean": float(np.mean([r["final_success"] for r in runs])),
                "eval_success": [r.get("eval_success") for r in runs],
@@ -167,21 +180,35 @@ def main() -> None:
                "steps_to_95": [r.get("steps_to_95") for r in runs],
                "env_steps_mean": float(np.mean([r["env_steps"] for r in runs]))}
         for name, runs in out["runs"].items()}
+    if "manager_milestone" in out["runs"]:
+        _compare(out)
+    pool.shutdown()
+    plot(out, args.png)
+    print(json.dumps(out))
+
+
+def _compare(out: dict[str, Any]) -> None:
+    """The targets: the learned length over the oracle's; milestone over plain steps to
+    90 %; the flat learners' budgets over their manager's env steps."""
+    summary = out["summary"]
+    for name, manager in (("flat_ppo", "manager_milestone"), ("one_agent_sb3_ppo", "one_agent_manager_milestone")):
+        if name in summary and manager in summary:
+            summary[name]["budget_over_manager_env_steps"] = (
+                summary[name]["env_steps_mean"] / summary[manager]["env_steps_mean"])
     for key in ("eval", "eval_greedy"):  # mean length of the learned manager's successful episodes
         learned = [r[f"{key}_success_length"] for r in out["runs"]["manager_milestone"]
                    if r.get(f"{key}_success_length")]
-        out["summary"][f"learned_length_over_oracle_{key}"] = (
+        summary[f"learned_length_over_oracle_{key}"] = (
             float(np.mean(learned)) / out["oracle"]["episode_length"] if learned else None)
+    if "manager_plain_gae" not in out["runs"]:
+        return
     milestone = [r.get("steps_to_90") for r in out["runs"]["manager_milestone"]]
     plain = [r.get("steps_to_90") for r in out["runs"]["manager_plain_gae"]]
     if None not in milestone:  # a plain-GAE run that never got there counts as its whole budget (a bound)
         plain_bound = [p if p is not None else r["env_steps"]
                        for p, r in zip(plain, out["runs"]["manager_plain_gae"], strict=True)]
-        out["summary"]["milestone_over_plain_steps_to_90"] = float(np.median(milestone) / np.median(plain_bound))
-        out["summary"]["plain_runs_not_reaching_90"] = plain.count(None)
-    pool.shutdown()
-    plot(out, args.png)
-    print(json.dumps(out))
+        summary["milestone_over_plain_steps_to_90"] = float(np.median(milestone) / np.median(plain_bound))
+        summary["plain_runs_not_reaching_90"] = plain.count(None)
 
 
 def plot(out: dict[str, Any], path: str) -> None:

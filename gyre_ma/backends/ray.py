@@ -399,13 +399,15 @@ class RayBackend:
 
     def _reissue_unknown(self, jobs: list[_Job], error: str) -> None:
         """A call died or hung without saying which of its episodes was playing: a lone
-        episode is re-issued (one attempt spent); a chunk's go back one per call, no
-        attempt spent, so that a repeat failure names its episode."""
+        episode is re-issued (one attempt spent); a chunk's episodes go back one per call,
+        no attempt spent, so that a repeat failure names its episode (the error is kept
+        on each, for the report should one fail for good)."""
         if len(jobs) == 1:
             self._reissue(jobs[0], error)
             return
         for job in jobs:
             job.solo = True
+            job.errors.append(f"{error} (in a call of {len(jobs)} episodes)")
         self._counts["reissued"] += len(jobs)
         self._queue.extendleft(reversed(jobs))
 

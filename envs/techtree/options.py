@@ -543,7 +543,10 @@ def make_library(goal: str | None = None, name: str = "techtree", env: Any = Non
         (failed, failed_eating, failed_drinking, failed_sleeping) if yield_in_danger
         else (no_route, no_route, no_route, None)
     )
-    gate = (lambda initiation: initiation) if jobs_in_danger else _SAFE.__getitem__
+
+    def gate(initiation: Any) -> Any:
+        return initiation if jobs_in_danger else _SAFE[initiation]
+
     for policy, done, milestone, initiation, cap, text in _GATHER_OPTIONS:
         if milestone not in ("collect_food", "collect_drink"):  # fetching food or water is upkeep
             initiation = gate(initiation)

@@ -268,6 +268,9 @@ class RayBackend:
             slot.queued.append(ref)
             self._inflight[ref] = (jobs, slot)
         self._queue.extendleft(reversed(waiting))
+        live = {job.version for job in self._queue} | {j.version for jobs, _ in self._inflight.values() for j in jobs}
+        latest = max(self._weights, default=None)
+        self._weights = {v: r for v, r in self._weights.items() if v in live or v == latest}
 
     def _chunk_after(self, job: _Job, slot: _Slot) -> list[_Job]:
         """Jobs from the head of the queue to play in one call after ``job``: same policy
@@ -277,15 +280,12 @@ class RayBackend:
         share = -(-(len(self._queue) + 1) // (len(self._slots) * self.pipeline_depth))
         n = min(self.episodes_per_call, share) - 1
         more: list[_Job] = []
-        while job.solo is False and len(more) < n and self._queue:
+        while not job.solo and len(more) < n and self._queue:
             nxt = self._queue[0]
             if nxt.solo or nxt.version != job.version or slot.role not in (None, nxt.task.role):
                 break
             more.append(self._queue.popleft())
         return more
-        live = {job.version for job in self._queue} | {j.version for jobs, _ in self._inflight.values() for j in jobs}
-        latest = max(self._weights, default=None)
-        self._weights = {v: r for v, r in self._weights.items() if v in live or v == latest}
 
     def _poll(self, timeout: float | None) -> list[tuple[int, RoleTrajectory]]:
         end = None if timeout is None else time.monotonic() + timeout

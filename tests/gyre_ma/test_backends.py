@@ -170,6 +170,7 @@ def test_ray_matches_local_and_weights_go_out_once_per_version(ray_backend, loca
     assert len(puts) == 1
     ray_backend.collect(weights, 4, tasks[:1])
     assert len(puts) == 2
+    assert set(ray_backend._weights) == {4}  # version 3 has no episode left: its weights are released
     assert [fingerprint(t) for t in got] == [fingerprint(t) for t in backend.collect(weights, 3, tasks)]
     assert all(isinstance(t, RoleTrajectory) and t.policy_version == 3 for t in got)
     assert {a["worker_id"] for a in ray_backend.actor_info()} == {0, 1}

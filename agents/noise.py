@@ -31,8 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, StateScaler
+from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, NumpyForward, StateScaler
 from gyre_ma.rollout import Choice, Decision
+
+_MASKED = np.float32(np.finfo(np.float32).min)
+"""The logit of an ineligible option (as ManagerPolicy.forward masks it)."""
 
 ScheduleKind = Literal["constant", "linear", "cosine", "exponential"]
 NoiseKind = Literal["none", "param", "epsilon", "temperature"]
@@ -159,6 +162,25 @@ def behaviour_logits(logits: Tensor, mask: Tensor, setting: NoiseSetting) -> Ten
     else:
         out = logits.log_softmax(-1)
     return out.masked_fill(~mask, -math.inf)
+
+
+def behaviour_log_probs(logits: np.ndarray, mask: np.ndarray, setting: NoiseSetting) -> np.ndarray:
+    """:func:`behaviour_logits` in NumPy (float32), for the rollout's small batches."""
+    if setting.kind == "epsilon" and setting.scale > 0:
+        probs = np.exp(_log_softmax(logits))
+        uniform = mask / np.maximum(mask.sum(-1, keepdims=True), 1)
+        with np.errstate(divide="ignore"):
+            out = np.log((1.0 - setting.scale) * probs + setting.scale * uniform).astype(np.float32)
+    elif setting.kind == "temperature" and setting.scale > 0:
+        out = _log_softmax(logits / np.float32(setting.scale))
+    else:
+        out = _log_softmax(logits)
+    return np.where(mask, out, -np.inf).astype(np.float32)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(-1, keepdims=True)
+    return z - np.log(np.add.reduce(np.exp(z), axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------- what travels
@@ -425,6 +447,7 @@ class NoisyManager:
         self.noise = NO_NOISE if noise is None else noise if isinstance(noise, NoiseSetting) else noise.setting()
         self.greedy, self.state_scaler = greedy, state_scaler
         self.generator = torch.Generator()
+        self._value = None if critic is None else NumpyForward(critic)
         self.begin_episode(seed)
 
     def begin_episode(self, seed: int) -> None:
@@ -436,32 +459,34 @@ class NoisyManager:
                                   include_layernorm=n.include_layernorm, out=self.scratch)
         else:
             self.acting = self.policy
+        self._act = NumpyForward(self.acting)
 
-    @torch.no_grad()
     def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
-        features = torch.from_numpy(np.stack([self.featurizer(d) for d in decisions]))
-        agent = torch.tensor([d.agent_index for d in decisions], dtype=torch.long)
-        mask = torch.from_numpy(np.stack([d.mask for d in decisions]))
-        logits = self.acting(features, agent, mask)
+        features = np.stack([self.featurizer(d) for d in decisions])
+        agent = np.fromiter((d.agent_index for d in decisions), dtype=np.int64, count=len(decisions))
+        mask = np.stack([d.mask for d in decisions])
+        logits = np.where(mask, self._act(features, agent), _MASKED)
         if self.greedy:
-            log_probs = logits.log_softmax(-1).masked_fill(~mask, -math.inf)
+            log_probs = np.where(mask, _log_softmax(logits), -np.inf)
             options = log_probs.argmax(-1)
         else:
-            log_probs = behaviour_logits(logits, mask, self.noise)
-            probs = log_probs.exp()
-            u = torch.rand(len(decisions), 1, generator=self.generator)
-            options = (probs.cumsum(-1) < u * probs.sum(-1, keepdim=True)).sum(-1).clamp_max(probs.shape[-1] - 1)
-            bad = ~mask.gather(1, options[:, None]).squeeze(1)  # float round-off past the last eligible
-            options = torch.where(bad, probs.argmax(-1), options)
-        chosen = log_probs.gather(1, options[:, None]).squeeze(1)
-        if self.critic is None:
-            values = torch.zeros(len(decisions))
+            log_probs = behaviour_log_probs(logits, mask, self.noise)
+            probs = np.exp(log_probs)
+            cum = probs.cumsum(-1)
+            u = torch.rand(len(decisions), 1, generator=self.generator).numpy()
+            options = np.minimum((cum < u * cum[:, -1:]).sum(-1), probs.shape[-1] - 1)
+            bad = ~mask[np.arange(len(options)), options]  # float round-off past the last eligible
+            options = np.where(bad, probs.argmax(-1), options)
+        chosen = log_probs[np.arange(len(options)), options]
+        if self._value is None:
+            values = np.zeros(len(decisions))
         elif self.state_scaler is not None:  # centralised critic: values the global state
-            state = torch.from_numpy(self.state_scaler(decisions[0].env.state()))
-            values = self.critic(state.expand(len(decisions), -1), agent)
+            state = self.state_scaler(decisions[0].env.state())
+            values = self._value(np.broadcast_to(state, (len(decisions), state.shape[0])), agent)[:, 0]
         else:
-            values = self.critic(features, agent)
-        return [Choice(int(o), float(lp), float(v)) for o, lp, v in zip(options, chosen, values, strict=True)]
+            values = self._value(features, agent)[:, 0]
+        return [Choice(int(o), float(lp), float(v))
+                for o, lp, v in zip(options.tolist(), chosen.tolist(), values.tolist(), strict=True)]
 
 
 def make_exploration(kind: NoiseKind, target: AnnealSchedule | float, **kwargs: Any) -> Exploration:

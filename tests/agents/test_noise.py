@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_ma.agents.manager import ManagerPolicy
+from gyre_ma.agents.manager import Critic, ManagerPolicy, NumpyForward
 from gyre_ma.agents.noise import (
     ActionNoise,
     AnnealSchedule,
@@ -16,6 +16,7 @@ from gyre_ma.agents.noise import (
     NoisyManager,
     ParamNoise,
     anneal,
+    behaviour_log_probs,
     behaviour_logits,
     epsilon_equivalent_delta,
     make_exploration,
@@ -244,3 +245,35 @@ def test_perturbing_into_a_scratch_module_equals_a_fresh_copy():
     assert reused is scratch
     for p, q in zip(fresh.parameters(), reused.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("setting", [NoiseSetting(), NoiseSetting("epsilon", 0.3), NoiseSetting("temperature", 4.0)])
+def test_numpy_behaviour_log_probs_match_the_torch_ones(setting):
+    pol, (features, agent, mask) = policy(), states(64)
+    with torch.no_grad():
+        logits = pol(features, agent, mask)
+    expected = behaviour_logits(logits, mask, setting)
+    got = behaviour_log_probs(logits.numpy(), mask.numpy(), setting)
+    assert np.array_equal(np.isinf(got), ~mask.numpy())
+    assert np.allclose(got[mask.numpy()], expected[mask].numpy(), atol=1e-5)
+
+
+def test_numpy_forward_matches_the_modules_and_sees_in_place_updates():
+    pol, critic, (features, agent, mask) = policy(), Critic(F, A, hidden=32), states(32)
+    fast_policy, fast_critic = NumpyForward(pol), NumpyForward(critic)
+    for _ in range(2):  # second round: after an in-place update of the weights
+        with torch.no_grad():
+            want_logits, want_values = pol(features, agent, mask), critic(features, agent)
+        logits = np.where(mask.numpy(), fast_policy(features.numpy(), agent.numpy()), -np.inf)
+        assert np.allclose(logits[mask.numpy()], want_logits[mask].numpy(), atol=1e-5)
+        assert np.allclose(fast_critic(features.numpy(), agent.numpy())[:, 0], want_values.numpy(), atol=1e-5)
+        pol.load_state_dict(policy(seed=7).state_dict())
+        critic.initialise(2.5)
+    assert np.allclose(fast_critic(features.numpy(), agent.numpy()), 2.5)
+
+
+def test_numpy_forward_names_a_layer_it_cannot_run():
+    pol = policy()
+    pol.body[2] = torch.nn.ReLU()
+    with pytest.raises(TypeError, match="ReLU.*ManagerPolicy"):
+        NumpyForward(pol)

@@ -80,10 +80,12 @@ class Gyre:
         self.critic_module = self.fitter.setup(
             CriticModule(self.critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
         self.generator = torch.Generator().manual_seed(config.seed)
-        self.noise = RoleNoise({
-            "explorer": _exploration(r.explorer_noise, t.iterations, config.seed),
-            "executor": _exploration(r.executor_noise, t.iterations, config.seed + 1),
-        })
+        noises = {}  # only for roles that play episodes: param noise measures its distance every iteration
+        if r.explorers:
+            noises["explorer"] = _exploration(r.explorer_noise, t.iterations, config.seed)
+        if r.executors:
+            noises["executor"] = _exploration(r.executor_noise, t.iterations, config.seed + 1)
+        self.noise = RoleNoise(noises)
         self.backend = _backend(config)
         self.verifier = kit if r.verify_elite and r.explorers else None
         self.rewards = RewardScorer(config.rewards, self.library.graph, featurizer=self.featurizer,

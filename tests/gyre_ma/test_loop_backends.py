@@ -42,6 +42,12 @@ def test_noise_is_adapted_and_logged_every_iteration():
     assert m[1]["noise/explorer/delta"] < m[0]["noise/explorer/delta"]  # annealing
 
 
+def test_a_role_without_episodes_has_no_noise_to_adapt():
+    gyre = Gyre(load_config(DOORKEY, {"roles.evaluators": 0, "roles.explorers": 0, "roles.executors": 4}))
+    m = gyre.iteration(0)
+    assert "noise/executor/sigma" in m and not any(k.startswith("noise/explorer/") for k in m)
+
+
 @pytest.mark.timeout(600)
 def test_train_cli_runs_the_same_config_on_ray(tmp_path):
     out = subprocess.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import gymnasium as gym
@@ -59,18 +60,23 @@ class Featurizer:
         self._milestone_slot = {m: self.obs_dim + i for i, m in enumerate(self.milestones)}
 
     def __call__(self, d: Decision | OptionCall) -> np.ndarray:
-        obs = self.view(d.observation).astype(np.float32) - self._offset
+        return self.many([d])[0]
+
+    def many(self, items: Sequence[Decision | OptionCall]) -> np.ndarray:
+        """Features of many decisions (or recorded calls) at once: [N, dim] float32."""
+        obs = np.stack([self.view(d.observation) for d in items]).astype(np.float32) - self._offset
         if self._wide.any():
-            obs = np.where(self._wide, np.log1p(np.maximum(obs, 0.0)), obs)
-        out = np.zeros(self.dim, dtype=np.float32)
-        out[: self.obs_dim] = obs * self._scale
-        for m in d.achieved:
-            i = self._milestone_slot.get(m)
-            if i is not None:
-                out[i] = 1.0
-        base = self.obs_dim + len(self.milestones)
-        out[base + 1 + d.last_option] = 1.0  # last_option = -1 → slot 0
-        out[-1] = d.time_fraction
+            obs[:, self._wide] = np.log1p(np.maximum(obs[:, self._wide], 0.0))
+        out = np.zeros((len(items), self.dim), dtype=np.float32)
+        out[:, : self.obs_dim] = obs * self._scale
+        last = self.obs_dim + len(self.milestones) + 1  # last_option = -1 → the "none yet" slot
+        for row, d in enumerate(items):
+            for m in d.achieved:
+                i = self._milestone_slot.get(m)
+                if i is not None:
+                    out[row, i] = 1.0
+            out[row, last + d.last_option] = 1.0
+        out[:, -1] = [d.time_fraction for d in items]
         return out
 
 

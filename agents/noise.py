@@ -462,7 +462,7 @@ class NoisyManager:
         self._act = NumpyForward(self.acting)
 
     def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
-        features = np.stack([self.featurizer(d) for d in decisions])
+        features = self.featurizer.many(decisions)
         agent = np.fromiter((d.agent_index for d in decisions), dtype=np.int64, count=len(decisions))
         mask = np.stack([d.mask for d in decisions])
         logits = np.where(mask, self._act(features, agent), _MASKED)

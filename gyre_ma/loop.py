@@ -237,7 +237,7 @@ class Gyre:
         ended = terminated[torch.arange(R), mask.sum(1) - 1]
         returns = torch.where(ended.unsqueeze(-1), monte_carlo, returns)
         flat = [c for row in seg.calls for c in row]
-        features = torch.from_numpy(np.stack([self.featurizer(c) for c in flat]))
+        features = torch.from_numpy(self.featurizer.many(flat))
         extra = {}
         if self.state_scaler is not None:
             extra[B.STATE] = torch.from_numpy(np.stack([self.state_scaler(c.state) for c in flat]))

@@ -169,7 +169,7 @@ class RewardScorer:
         calls = [c for t in trajectories for c in t.calls]
         if not calls:
             return [[] for _ in trajectories], {"prm/weight": self.prm_weight}
-        features = torch.from_numpy(np.stack([self.featurizer(c) for c in calls])).float()
+        features = torch.from_numpy(self.featurizer.many(calls)).float()
         options = torch.tensor([c.option for c in calls], dtype=torch.long)
         labels = [prm_labels(t) for t in trajectories]
         progress = torch.cat([p for p, _ in labels])

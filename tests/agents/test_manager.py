@@ -51,6 +51,17 @@ def test_featurizer_encodes_milestones_last_option_and_time():
     assert later[-1] == 0.5
 
 
+def test_featurizer_many_stacks_what_single_calls_give():
+    env, library = make_env(), make_library()
+    f = Featurizer(env.observation_space(env.possible_agents[0]), library)
+    items = [decision(env, library), decision(env, library, frozenset({"has_key"}), last=2, t=0.25),
+             decision(env, library, frozenset({"has_key", "door_open"}), last=0, t=0.9)]
+    many = f.many(items)
+    assert many.shape == (3, f.dim) and many.dtype == np.float32
+    assert all(np.array_equal(row, f(d)) for row, d in zip(many, items, strict=True))
+    assert not np.array_equal(many[0], many[1]) and not np.array_equal(many[1], many[2])
+
+
 def test_manager_respects_mask_and_is_seeded():
     env, library = make_env(), make_library()
     f = Featurizer(env.observation_space(env.possible_agents[0]), library)

@@ -129,8 +129,8 @@ def test_perturbation_is_deterministic_given_a_seed_and_spares_layernorm():
 class _Identity:
     """Featurizer stand-in: a decision's observation is already its feature vector."""
 
-    def __call__(self, d: Decision) -> np.ndarray:
-        return d.observation
+    def many(self, decisions: list[Decision]) -> np.ndarray:
+        return np.stack([d.observation for d in decisions])
 
 
 def _decisions(features, agent, mask):

@@ -209,6 +209,9 @@ def main() -> None:
                            "iterations": args.iterations, "variants": chosen, "runs": {}}
     out["oracle"] = run_fixed("oracle", 2, 20)
     out["random"] = run_fixed("random", 2, 20)
+    if "sb3" in chosen:
+        out["oracle_one_agent"] = run_fixed("oracle", 1, 20)
+        out["random_one_agent"] = run_fixed("random", 1, 20)
     managers = {"milestone": ("manager_milestone", 2, "blend"), "plain": ("manager_plain_gae", 2, "plain"),
                 "sb3": ("one_agent_manager_milestone", 1, "blend")}
 
@@ -292,7 +295,10 @@ def plot(out: dict[str, Any], path: str) -> None:
                 ax.plot(steps, rates, color=colour, alpha=0.8, label=name if k == 0 else None)
     ax.axhline(out["oracle"]["success"], color="black", linestyle="--", label="oracle")
     ax.axhline(0.95, color="red", linestyle=":", linewidth=0.8, label="target 95 %")
-    ax.axhline(out["random"]["success"], color="grey", linestyle=":", label="random eligible order")
+    ax.axhline(out["random"]["success"], color="grey", linestyle=":", label="random eligible order, 2 agents")
+    if "random_one_agent" in out:
+        ax.axhline(out["random_one_agent"]["success"], color="grey", linestyle="-.",
+                   label="random eligible order, 1 agent")
     ax.set_xlabel("env steps")
     ax.set_ylabel("verified success rate")
     ax.set_xscale("log")

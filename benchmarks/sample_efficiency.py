@@ -134,22 +134,25 @@ def run_sb3(seed: int, budget_steps: int, n_eval: int = 20) -> dict[str, Any]:
         return to_gymnasium(make_env(ENV["id"], **ENV["kwargs"], n_agents=1))
 
     class Curve(BaseCallback):
-        """Verified success of the episodes that ended during each rollout."""
+        """Verified success and return (``Monitor``'s) of the episodes that ended in each rollout."""
 
         def __init__(self) -> None:
             super().__init__()
             self.points: list[tuple[float, float]] = []
-            self.ended: list[bool] = []
+            self.rewards: list[float] = []
+            self.ended: list[tuple[bool, float]] = []
 
         def _on_step(self) -> bool:
             for done, info in zip(self.locals["dones"], self.locals["infos"], strict=True):
                 if done:
-                    self.ended.append(bool(info["success"]))
+                    self.ended.append((bool(info["success"]), float(info["episode"]["r"])))
             return True
 
         def _on_rollout_end(self) -> None:
             if self.ended:
-                self.points.append((float(self.num_timesteps), float(np.mean(self.ended))))
+                success, reward = zip(*self.ended, strict=True)
+                self.points.append((float(self.num_timesteps), float(np.mean(success))))
+                self.rewards.append(float(np.mean(reward)))
                 self.ended = []
 
     hyper = dict(SB3)
@@ -169,7 +172,8 @@ def run_sb3(seed: int, budget_steps: int, n_eval: int = 20) -> dict[str, Any]:
             done = terminated or truncated
         successes += info["success"]
     tail = [rate for _, rate in curve.points[-5:]]
-    return {"curve": curve.points, "final_success": float(np.mean(tail)) if tail else 0.0,
+    return {"curve": curve.points, "episode_reward": curve.rewards,
+            "final_success": float(np.mean(tail)) if tail else 0.0,
             "eval_success": successes / n_eval, "steps_to_90": steps_to(curve.points, 0.9),
             "env_steps": float(model.num_timesteps), "hyperparameters": SB3,
             "seconds": round(time.perf_counter() - start, 1)}

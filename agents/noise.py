@@ -467,7 +467,7 @@ class NoisyManager:
         mask = np.stack([d.mask for d in decisions])
         logits = np.where(mask, self._act(features, agent), _MASKED)
         if self.greedy:
-            log_probs = np.where(mask, _log_softmax(logits), -np.inf)
+            log_probs = behaviour_log_probs(logits, mask, NO_NOISE)
             options = log_probs.argmax(-1)
         else:
             log_probs = behaviour_log_probs(logits, mask, self.noise)

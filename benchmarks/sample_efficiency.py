@@ -106,13 +106,16 @@ def run_gyre(cfg: Any, budget_steps: float | None = None, eval_episodes: int = 0
 
 
 def run_fixed(kind: str, n_agents: int, episodes: int) -> dict[str, Any]:
+    """``oracle``: the oracle on the library without danger interrupts or gate (its fastest,
+    the length target's reference); ``oracle_library``: the oracle on the library the managers
+    learn on; ``random``: a random eligible order."""
     from gyre_ma.agents.baselines import RandomManager
     from gyre_ma.envs.techtree import make_library as techtree_library
 
     env = make_env(ENV["id"], **ENV["kwargs"], n_agents=n_agents)
     library = (techtree_library(env=env, yield_in_danger=False, jobs_in_danger=True) if kind == "oracle"
                else make_library(ENV["id"], env))
-    manager = make_oracle(ENV["id"], env, library) if kind == "oracle" else RandomManager(0)
+    manager = RandomManager(0) if kind == "random" else make_oracle(ENV["id"], env, library)
     trajs = [run_episode(env, library, manager, seed=10_000 + s) for s in range(episodes)]
     return {"success": float(np.mean([t.success for t in trajs])),
             "episode_length": float(np.mean([t.length for t in trajs]))}
@@ -188,7 +191,9 @@ VARIANTS = ("milestone", "plain", "flat", "sb3")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="runs per learner")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the runs use seeds first-seed .. first-seed + seeds - 1 (to finish one seed alone)")
     parser.add_argument("--iterations", type=int, default=200, help="manager iterations per run")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="which learners, of: milestone, plain (the two-agent managers), flat (flat PPO in "
@@ -198,6 +203,8 @@ def main() -> None:
     parser.add_argument("--flat-budget", type=float, default=None,
                         help="flat-PPO and SB3 env steps per run, instead of the multiplier "
                              "(where 10x is out of reach)")
+    parser.add_argument("--outcome-length-weight", type=float, default=0.5,
+                        help="credit.outcome_length_weight of the milestone-credit managers (0: success alone)")
     parser.add_argument("--png", default="sample_efficiency.png")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--eval-episodes", type=int, default=40)
@@ -213,9 +220,12 @@ def main() -> None:
     if args.progress_dir:
         os.makedirs(args.progress_dir, exist_ok=True)
     pool = ProcessPoolExecutor(args.jobs)
-    out: dict[str, Any] = {"benchmark": "sample_efficiency", "env": ENV, "seeds": args.seeds,
-                           "iterations": args.iterations, "variants": chosen, "runs": {}}
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    out: dict[str, Any] = {"benchmark": "sample_efficiency", "env": ENV, "seeds": list(seeds),
+                           "iterations": args.iterations, "variants": chosen,
+                           "outcome_length_weight": args.outcome_length_weight, "runs": {}}
     out["oracle"] = run_fixed("oracle", 2, 20)
+    out["oracle_library"] = run_fixed("oracle_library", 2, 20)
     out["random"] = run_fixed("random", 2, 20)
     if "sb3" in chosen:
         out["oracle_one_agent"] = run_fixed("oracle", 1, 20)
@@ -226,9 +236,12 @@ def main() -> None:
     def progress(name: str, seed: int) -> str | None:
         return f"{args.progress_dir}/{name}_seed{seed}.json" if args.progress_dir else None
 
-    futures = {name: [pool.submit(run_gyre, config(name, s, args.iterations, n_agents, credit={"mode": mode}),
+    def credit(mode: str) -> dict[str, Any]:
+        return {"mode": mode} | ({"outcome_length_weight": args.outcome_length_weight} if mode == "blend" else {})
+
+    futures = {name: [pool.submit(run_gyre, config(name, s, args.iterations, n_agents, credit=credit(mode)),
                                   eval_episodes=args.eval_episodes, progress=progress(name, s))
-                      for s in range(args.seeds)]
+                      for s in seeds]
                for variant, (name, n_agents, mode) in managers.items() if variant in chosen}
 
     def budget(runs_of: str) -> float:
@@ -243,11 +256,11 @@ def main() -> None:
             pool.submit(run_gyre, config("flat", s, 10**6, 2, manager={"kind": "flat", "hidden": 64},
                                          credit={"mode": "plain"}, train=FLAT_TRAIN), flat_budget,
                         progress=progress("flat_ppo", s))
-            for s in range(args.seeds)]
+            for s in seeds]
     if "sb3" in chosen:
         sb3_budget = int(budget("one_agent_manager_milestone"))
         out["sb3_budget"] = sb3_budget
-        futures["one_agent_sb3_ppo"] = [pool.submit(run_sb3, s, sb3_budget) for s in range(args.seeds)]
+        futures["one_agent_sb3_ppo"] = [pool.submit(run_sb3, s, sb3_budget) for s in seeds]
     for name, runs in futures.items():
         out["runs"][name] = [f.result() for f in runs]
     out["summary"] = {
@@ -276,8 +289,9 @@ def _compare(out: dict[str, Any]) -> None:
     for key in ("eval", "eval_greedy"):  # mean length of the learned manager's successful episodes
         learned = [r[f"{key}_success_length"] for r in out["runs"]["manager_milestone"]
                    if r.get(f"{key}_success_length")]
-        summary[f"learned_length_over_oracle_{key}"] = (
-            float(np.mean(learned)) / out["oracle"]["episode_length"] if learned else None)
+        for ref in ("oracle", "oracle_library"):
+            summary[f"learned_length_over_{ref}_{key}"] = (
+                float(np.mean(learned)) / out[ref]["episode_length"] if learned and ref in out else None)
     if "manager_plain_gae" not in out["runs"]:
         return
     milestone = [r.get("steps_to_90") for r in out["runs"]["manager_milestone"]]

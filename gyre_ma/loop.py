@@ -25,7 +25,7 @@ from gyre_ma.checkpoints import (
     rng_snapshot,
 )
 from gyre_ma.config import ExperimentConfig
-from gyre_ma.credit import group_outcome_advantages, option_advantages, smdp_returns
+from gyre_ma.credit import episode_outcomes, group_outcome_advantages, option_advantages, smdp_returns
 from gyre_ma.curriculum import PHASES, Curriculum
 from gyre_ma.envs.registry import make_oracle
 from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
@@ -218,9 +218,12 @@ class Gyre:
             milestones[r, :n] = torch.tensor([bool(c.milestones) for c in row])
             mask[r, :n] = True
         bootstrap = self._bootstrap_values(seg)
-        outcomes = torch.tensor([float(t.success) for t in trajectories])
-        groups = torch.tensor([t.task_seed for t in trajectories], dtype=torch.long)
         credit = self.config.credit
+        outcomes = episode_outcomes(
+            success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
+            length=torch.tensor([t.length for t in trajectories]),
+            horizon=torch.tensor([t.horizon for t in trajectories]), length_weight=credit.outcome_length_weight)
+        groups = torch.tensor([t.task_seed for t in trajectories], dtype=torch.long)
         advantages, returns = option_advantages(
             mode=credit.mode, rewards=rewards, values=values, durations=durations,
             terminated=terminated, truncated=truncated, gamma=credit.gamma, lam=credit.lam,

@@ -94,6 +94,8 @@ class Trajectory:
     calls: list[OptionCall] = field(default_factory=list)
     length: int = 0
     """Primitive (team) steps taken."""
+    horizon: int = 0
+    """The step cap the episode ran under (the env's own ``max_cycles`` if lower); 0 if unknown."""
     milestone_steps: dict[str, int] = field(default_factory=dict)
     """First step at which each milestone was verified."""
     success: bool = False
@@ -156,11 +158,13 @@ def run_episode(
     """
     observations, _ = env.reset(seed=seed)
     cap = max_steps if max_steps is not None else int(getattr(env, "max_cycles", 10_000))
+    env_cap = getattr(env, "max_cycles", None)
     graph = library.graph
     goals = frozenset(graph.goals)
     agent_index = {a: i for i, a in enumerate(env.possible_agents)}
     rng = np.random.default_rng(seed)
-    traj = Trajectory(task_seed=seed, policy_version=policy_version)
+    traj = Trajectory(task_seed=seed, policy_version=policy_version,
+                      horizon=min(cap, int(env_cap)) if env_cap is not None else cap)
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
     verified = env.verified_milestones()

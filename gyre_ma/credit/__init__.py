@@ -6,7 +6,7 @@ re-implement one.
 
 from gyre_ma.credit.blend import AdvantageMode, adaptive_blend_weights, blend_advantages, option_advantages
 from gyre_ma.credit.gae import smdp_gae, smdp_returns
-from gyre_ma.credit.outcome import GroupStats, group_outcome_advantages, group_outcome_stats
+from gyre_ma.credit.outcome import GroupStats, episode_outcomes, group_outcome_advantages, group_outcome_stats
 from gyre_ma.credit.segmented import segmented_gae
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "GroupStats",
     "adaptive_blend_weights",
     "blend_advantages",
+    "episode_outcomes",
     "group_outcome_advantages",
     "group_outcome_stats",
     "option_advantages",

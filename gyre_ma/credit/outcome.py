@@ -1,9 +1,11 @@
 """Global outcome advantage, normalised within groups of episodes (GRPO style).
 
 Episodes of the same task seed form a group; an episode's advantage is how much better
-its outcome (verified success 0/1, or its return) was than its group's, in units of the
-group's spread. A group whose outcomes are all equal — every rollout succeeded, or every
-one failed, or a lone rollout — says nothing about which behaviour was better, so its
+its outcome was than its group's, in units of the group's spread. The outcome is verified
+success (0/1); with a length weight κ > 0 a success is worth less the longer it took
+(:func:`episode_outcomes`), so a group in which every episode succeeded still prefers its
+faster ones. A group whose outcomes are all equal — every rollout failed, or succeeded in
+the same time, or a lone rollout — says nothing about which behaviour was better, so its
 advantage is 0.
 """
 
@@ -13,6 +15,35 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+
+def episode_outcomes(*, success: Tensor, length: Tensor, horizon: Tensor, length_weight: float = 0.0) -> Tensor:
+    """o_e = success_e · (1 − κ · length_e / horizon_e), with κ = ``length_weight``.
+
+    A failure is 0 however long it lasted, and a success lies in [1 − κ, 1], so any
+    verified success outranks any failure when κ < 1. κ = 0 is success alone.
+    Shapes: ``success`` [E] bool, ``length`` and ``horizon`` [E] integer (steps; each
+    horizon ≥ 1 and ≥ its length) → [E] float32.
+    """
+    if not 0.0 <= length_weight <= 1.0:
+        raise ValueError(f"length_weight must be in [0, 1], got {length_weight!r}")
+    for name, x in (("success", success), ("length", length), ("horizon", horizon)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.ndim != 1 or x.shape != success.shape:
+            raise ValueError(f"{name} must have shape [E], one per episode, like success "
+                             f"{tuple(success.shape)}; got {tuple(x.shape)}")
+    if success.dtype != torch.bool:
+        raise ValueError(f"success must be a bool tensor, got dtype {success.dtype}")
+    outcomes = success.float()
+    if length_weight == 0.0:
+        return outcomes
+    bad = (horizon < 1) | (length < 0) | (length > horizon)
+    if bad.any():
+        i = bad.nonzero()[0].item()
+        raise ValueError(f"episode {i}: length {length[i].item()} and horizon {horizon[i].item()}; expected "
+                         "0 <= length <= horizon and horizon >= 1 (the step cap the episode ran under)")
+    return outcomes * (1.0 - length_weight * length.float() / horizon.float())
 
 
 class GroupStats(NamedTuple):

@@ -349,6 +349,15 @@ def test_verified_milestones_match_verifiers_and_are_monotone():
     traj = run_episode(env, library, OracleManager(library), seed=5)
     assert traj.success and len(seen) == traj.length
     assert seen[-1] >= {"collect_diamond", "make_iron_pickaxe", "place_furnace"}
+    assert traj.horizon == env.max_cycles  # the cap the episode ran under, for the outcome's length term
+
+
+def test_a_trajectory_records_the_step_cap_it_ran_under():
+    env = tt.parallel_env()
+    library = make_library(env=env)
+    short = run_episode(env, library, OracleManager(library), seed=5, max_steps=40)
+    assert (short.horizon, short.length) == (40, 40)
+    assert run_episode(env, library, OracleManager(library), seed=5, max_steps=10**6).horizon == env.max_cycles
 
 
 def test_rewards_sparse_by_default():

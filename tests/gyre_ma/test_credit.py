@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from gyre_ma.credit import (
     adaptive_blend_weights,
     blend_advantages,
+    episode_outcomes,
     group_outcome_advantages,
     group_outcome_stats,
     option_advantages,
@@ -292,6 +293,49 @@ def test_group_outcome_advantage_small_example() -> None:
     outcomes = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.3])
     groups = torch.tensor([7, 7, 8, 8, 9, 10])
     assert close(group_outcome_advantages(outcomes=outcomes, groups=groups), [1, -1, 0, 0, 0, 0])
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5000), st.integers(1, 5000)), min_size=1, max_size=12),
+       st.floats(0.0, 0.99, allow_subnormal=False))
+def test_episode_outcome_ranks_any_success_above_any_failure_and_faster_above_slower(
+    episodes: list[tuple[bool, int, int]], kappa: float
+) -> None:
+    success = torch.tensor([s for s, _, _ in episodes])
+    horizon = torch.tensor([h for _, _, h in episodes])
+    length = torch.minimum(torch.tensor([n for _, n, _ in episodes]), horizon)
+    o = episode_outcomes(success=success, length=length, horizon=horizon, length_weight=kappa)
+    assert torch.equal(o[~success], torch.zeros(int((~success).sum())))
+    assert (o[success] >= 1.0 - kappa - 1e-6).all() and (o[success] <= 1.0).all()
+    if success.any() and (~success).any() and kappa < 1.0:
+        assert o[success].min() > o[~success].max()
+    slower = episode_outcomes(success=success, length=torch.minimum(length + 1, horizon), horizon=horizon,
+                              length_weight=kappa)
+    assert (slower <= o).all()
+    assert torch.equal(episode_outcomes(success=success, length=length, horizon=horizon), success.float())
+
+
+def test_length_weight_makes_an_all_success_group_discriminate() -> None:
+    success = torch.tensor([True, True, True, True])
+    length, horizon = torch.tensor([1000, 1400, 1000, 1400]), torch.full((4,), 3000)
+    groups = torch.tensor([3, 3, 5, 5])
+    plain = episode_outcomes(success=success, length=length, horizon=horizon)
+    assert not group_outcome_advantages(outcomes=plain, groups=groups).any()
+    faster = episode_outcomes(success=success, length=length, horizon=horizon, length_weight=0.5)
+    advantages = group_outcome_advantages(outcomes=faster, groups=groups)
+    assert torch.allclose(advantages, torch.tensor([1.0, -1.0, 1.0, -1.0]), atol=1e-5)
+    weights = adaptive_blend_weights(outcomes=faster, groups=groups, w_max=0.5, std_ref=0.5)
+    assert torch.allclose(weights, torch.full((4,), 0.5 * (0.5 * 200 / 3000) / 0.5))  # small spread, small weight
+
+
+def test_episode_outcomes_reject_lengths_past_the_horizon() -> None:
+    with pytest.raises(ValueError, match=r"episode 1: length 9 and horizon 8; expected 0 <= length <= horizon"):
+        episode_outcomes(success=torch.tensor([True, True]), length=torch.tensor([3, 9]),
+                         horizon=torch.tensor([8, 8]), length_weight=0.1)
+    with pytest.raises(ValueError, match=r"horizon must have shape \[E\]"):
+        episode_outcomes(success=torch.tensor([True]), length=torch.tensor([3]), horizon=torch.tensor([8, 8]))
+    with pytest.raises(ValueError, match="success must be a bool tensor"):
+        episode_outcomes(success=torch.tensor([1.0]), length=torch.tensor([3]), horizon=torch.tensor([8]))
 
 
 @SETTINGS

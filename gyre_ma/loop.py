@@ -16,12 +16,23 @@ from gyre_ma import batch as B
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy
 from gyre_ma.agents.noise import AnnealSchedule, ParamNoise, make_exploration
 from gyre_ma.agents.roles import (
-    Evaluator, RoleNoise, RolloutKit, RolloutTask, iteration_tasks, policy_weights, validation_tasks,
+    Evaluator,
+    RoleNoise,
+    RolloutKit,
+    RolloutTask,
+    iteration_tasks,
+    policy_weights,
+    validation_tasks,
 )
 from gyre_ma.backends import make_backend
 from gyre_ma.buffer import TrajectoryBuffer, TrajectoryStore
 from gyre_ma.checkpoints import (
-    CheckpointManager, NanGuard, ValidationDecision, apply_lr_scale, parameter_step_size, restore_rng,
+    CheckpointManager,
+    NanGuard,
+    ValidationDecision,
+    apply_lr_scale,
+    parameter_step_size,
+    restore_rng,
     rng_snapshot,
 )
 from gyre_ma.config import ExperimentConfig

@@ -18,8 +18,8 @@ from pettingzoo.test import (
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.envs import techtree_v0
 from gyre_ma.envs.base import GyreEnv
-from gyre_ma.envs.techtree import techtree as tt
 from gyre_ma.envs.techtree import options as tt_options
+from gyre_ma.envs.techtree import techtree as tt
 from gyre_ma.envs.techtree.options import make_library
 from gyre_ma.envs.techtree.oracle import OracleManager
 from gyre_ma.options.library import OptionLibrary, resolve

@@ -6,7 +6,11 @@
    every call's reward is removed (outcome included) and each violating call is charged
    ``guard_penalty``. Nothing below can undo it.
 2. **Verified outcome.** A successful episode (every goal verified on env state) pays
-   ``outcome_scale`` × the goals' task-graph reward on each agent's last call. Only
+   ``outcome_scale`` × the goals' task-graph reward on the call each agent was running
+   when it ended. An agent that died (or left) before the end gets none: paid on its
+   last call, the outcome would reach it at its death, almost undiscounted, while the
+   survivors' share is discounted over the rest of the episode — dying early would pay
+   (a learned manager did exactly that, starving one agent in nearly every episode). Only
    verification sets it. In a *failed* episode each agent's positive shaping (milestones,
    rules, PRM) is scaled down to at most ``failure_cap`` × that outcome reward (when a cap is set), so no
    failure is ever worth as much as a verified success, however many rules it passes.
@@ -30,7 +34,7 @@ from gyre_ma.options.graph import TaskGraph
 from gyre_ma.rewards.alarms import AlarmConfig
 from gyre_ma.rewards.breakdown import RewardBreakdown
 from gyre_ma.rewards.drift import DriftConfig
-from gyre_ma.rewards.milestones import last_calls, milestone_rewards
+from gyre_ma.rewards.milestones import calls_at_end, milestone_rewards
 from gyre_ma.rewards.prm import PRMConfig
 from gyre_ma.rewards.rules import RuleResults, RuleSpec
 from gyre_ma.rollout import Trajectory
@@ -42,7 +46,7 @@ class RewardConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     outcome_scale: float = Field(1.0, ge=0.0, allow_inf_nan=False)
-    """Multiplies the goals' task-graph reward; paid on each agent's last call of a verified success."""
+    """Multiplies the goals' task-graph reward; paid on the calls running at the end of a verified success."""
     milestone_scale: float = Field(1.0, ge=0.0, allow_inf_nan=False)
     """Multiplies each milestone's task-graph ``reward``, paid on its first verification."""
     guard_penalty: float = Field(1.0, ge=0.0, allow_inf_nan=False)
@@ -118,7 +122,7 @@ def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardCon
         if got != n:
             raise ValueError(f"score_trajectory: {name} has {got} entries; expected {n}, one per call")
     goal = outcome_reward(graph, config)
-    last = set(last_calls(trajectory))
+    last = set(calls_at_end(trajectory))
     milestones = milestone_rewards(trajectory, graph, scale=config.milestone_scale)
     parts = []
     for i in range(n):

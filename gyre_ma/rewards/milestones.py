@@ -43,8 +43,16 @@ def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float 
 
 
 def last_calls(trajectory: Trajectory) -> list[int]:
-    """Index of each agent's last call (the calls running when the episode ended)."""
+    """Index of each agent's last call (an agent that left the episode early, e.g. died,
+    has its last call end there)."""
     last: dict[str, int] = {}
     for i, c in enumerate(trajectory.calls):
         last[c.agent] = i
     return sorted(last.values())
+
+
+def calls_at_end(trajectory: Trajectory) -> list[int]:
+    """Index of each call still running when the episode ended: the last call of every
+    agent that was in the episode to its end (not of one that died or left before)."""
+    return [i for i in last_calls(trajectory)
+            if trajectory.calls[i].start_step + trajectory.calls[i].duration >= trajectory.length]

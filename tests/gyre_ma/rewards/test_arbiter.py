@@ -55,6 +55,16 @@ def test_a_verified_success_pays_outcome_milestones_rules_and_prm(graph, two_age
     assert b[2].sources[0] == "outcome" and not any(x.guard or x.removed for x in b)
 
 
+def test_an_agent_that_died_before_the_end_gets_no_outcome(graph, make_call, make_traj):
+    """Paid on a dead agent's last call, the outcome would reach it at its death, almost
+    undiscounted: dying early would pay better than surviving to the end."""
+    calls = [make_call("agent_0", 0, 10), make_call("agent_1", 0, 25), make_call("agent_1", 25, 5)]
+    traj = make_traj(calls, {"a": 5, "b": 20, "goal": 30}, success=True)
+    b = score_trajectory(traj, graph, RewardConfig())
+    assert [x.outcome for x in b] == [0.0, 0.0, 5.0]
+    assert [x.milestone for x in b] == [0.5, 1.5, 0.0]  # it still earned what it covered
+
+
 def test_a_guard_veto_overrides_everything_including_the_outcome(graph, two_agent_episode):
     traj = two_agent_episode(success=True)
     rr = results(4, process=[1.0, 0.0, 0.0, 0.0], penalized=[(), (), ("g",), ("g",)], violations=("g",))

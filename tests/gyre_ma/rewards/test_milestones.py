@@ -7,7 +7,7 @@ from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.options import make_library
 from gyre_ma.envs.workflow.workflow import parallel_env
 from gyre_ma.agents.baselines import RandomManager
-from gyre_ma.rewards.milestones import covers, first_verified, last_calls, milestone_rewards
+from gyre_ma.rewards.milestones import calls_at_end, covers, first_verified, last_calls, milestone_rewards
 from gyre_ma.rollout import run_episode
 
 
@@ -43,6 +43,13 @@ def test_paid_once_per_episode_and_unknown_names_ignored(graph, two_agent_episod
 
 def test_last_calls_are_each_agents_final_call(two_agent_episode):
     assert last_calls(two_agent_episode()) == [2, 3]
+    assert calls_at_end(two_agent_episode()) == [2, 3]
+
+
+def test_an_agent_that_died_has_no_call_at_the_end(make_call, make_traj):
+    died = make_traj([make_call("agent_0", 0, 10), make_call("agent_1", 0, 25), make_call("agent_1", 25, 5)], {})
+    assert last_calls(died) == [0, 2]
+    assert calls_at_end(died) == [2]
 
 
 @pytest.mark.parametrize("manager", ["oracle", "random"])

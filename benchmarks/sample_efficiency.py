@@ -15,11 +15,14 @@ envs ~10k: 10x a 1M-step manager budget is about 75 minutes per flat seed.
 
 Managers train with the framework's defaults for the roles but without exploration noise
 (parameter noise slowed learning on this task; see ``benchmarks/noise_ablation.py``), with
-checkpoints and rollback on. Each learned manager is finally evaluated on
-``--eval-episodes`` held-out task seeds. The oracle's path length, the reference for the
-"learned length ≤ 1.2× oracle" target, is the oracle's on the library without
-danger interrupts or the danger gate on jobs (its fastest: they only make it stop for
-upkeep earlier).
+checkpoints and rollback on. The milestone-credit managers judge outcomes with
+``credit.outcome_length_weight`` = ``--outcome-length-weight`` (0.5: a faster verified
+success is the better outcome); plain GAE uses no outcome. Each learned manager is finally
+evaluated on ``--eval-episodes`` held-out task seeds. The oracle's path length, the
+reference for the "learned length ≤ 1.2× oracle" target, is the oracle's on the library
+without danger interrupts or the danger gate on jobs (its fastest: they only make it stop
+for upkeep earlier); the oracle on the managers' own library is reported beside it
+(``oracle_library``).
 """
 
 from __future__ import annotations

@@ -55,10 +55,12 @@ class CreditConfig(_Section):
     """GAE λ."""
     outcome_weight: float = Field(0.5, ge=0.0, le=1.0)
     """Largest weight of the global outcome advantage in the blend."""
-    outcome_length_weight: float = Field(0.0, ge=0.0, lt=1.0)
+    outcome_length_weight: float = Field(0.5, ge=0.0, lt=1.0)
     """κ: a verified success's outcome is 1 − κ · length / horizon (a failure's stays 0), so
     a group whose episodes all succeed still prefers its faster ones instead of saying
-    nothing; 0 judges on verified success alone. Used by ``blend`` and the GRPO objective."""
+    nothing; 0 judges on verified success alone. Used by ``blend`` and the GRPO objective.
+    On the default tech-tree task 0.5 reached 90 % success in 0.44× the env steps of 0
+    (medians of 3 seeds) and learned shorter episodes (``benchmarks/results``)."""
 
 
 class TrainConfig(_Section):

@@ -7,7 +7,7 @@ Every learner sees the same environment and the same verified milestone rewards.
 Prints one JSON object; writes a PNG of the learning curves (``--png``).
 
     python benchmarks/sample_efficiency.py --seeds 3 --iterations 30 --variants milestone,plain --jobs 2
-    python benchmarks/sample_efficiency.py --seeds 3 --iterations 30 --variants sb3 --jobs 2
+    python benchmarks/sample_efficiency.py --seeds 3 --iterations 30 --variants one_agent,sb3 --jobs 2
     python benchmarks/sample_efficiency.py --seeds 3 --variants flat --flat-budget 1.1e7 --jobs 2 --progress-dir runs/se
 
 Flat PPO plays ~2.4k env steps/s per core here (every agent decides every step), SB3 on 16
@@ -189,7 +189,7 @@ def run_sb3(seed: int, budget_steps: int, n_eval: int = 20) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
-VARIANTS = ("milestone", "plain", "flat", "sb3")
+VARIANTS = ("milestone", "plain", "flat", "one_agent", "sb3")
 
 
 def main() -> None:
@@ -200,9 +200,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200, help="manager iterations per run")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="which learners, of: milestone, plain (the two-agent managers), flat (flat PPO in "
-                             "the framework), sb3 (the one-agent manager and Stable-Baselines3 PPO)")
+                             "the framework), one_agent (the one-agent manager), sb3 (Stable-Baselines3 PPO "
+                             "on the one-agent task)")
     parser.add_argument("--flat-multiplier", type=float, default=10.0,
-                        help="flat-PPO and SB3 budget ÷ the milestone manager's env steps")
+                        help="flat-PPO (SB3) budget ÷ the two-agent (one-agent) milestone manager's env steps")
     parser.add_argument("--flat-budget", type=float, default=None,
                         help="flat-PPO and SB3 env steps per run, instead of the multiplier "
                              "(where 10x is out of reach)")
@@ -220,6 +221,8 @@ def main() -> None:
         parser.error(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
     if args.flat_budget is None and "flat" in chosen and "milestone" not in chosen:
         parser.error("--variants: flat takes its budget from the milestone manager; add it or give --flat-budget")
+    if args.flat_budget is None and "sb3" in chosen and "one_agent" not in chosen:
+        parser.error("--variants: sb3 takes its budget from the one-agent manager; add one_agent or give --flat-budget")
     if args.progress_dir:
         os.makedirs(args.progress_dir, exist_ok=True)
     pool = ProcessPoolExecutor(args.jobs)
@@ -230,11 +233,11 @@ def main() -> None:
     out["oracle"] = run_fixed("oracle", 2, 20)
     out["oracle_library"] = run_fixed("oracle_library", 2, 20)
     out["random"] = run_fixed("random", 2, 20)
-    if "sb3" in chosen:
+    if "one_agent" in chosen or "sb3" in chosen:
         out["oracle_one_agent"] = run_fixed("oracle", 1, 20)
         out["random_one_agent"] = run_fixed("random", 1, 20)
     managers = {"milestone": ("manager_milestone", 2, "blend"), "plain": ("manager_plain_gae", 2, "plain"),
-                "sb3": ("one_agent_manager_milestone", 1, "blend")}
+                "one_agent": ("one_agent_manager_milestone", 1, "blend")}
 
     def progress(name: str, seed: int) -> str | None:
         return f"{args.progress_dir}/{name}_seed{seed}.json" if args.progress_dir else None

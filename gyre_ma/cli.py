@@ -145,7 +145,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     table = Table(title=f"run {config.name!r} — summary")
     table.add_column("metric")
     table.add_column("final iteration", justify="right")
-    for key in ("success_rate", "episode_length", "episode_reward", "option_calls", "env_steps",
+    for key in ("success_rate", "episode_length", "episode_reward", "option_calls", "agents_lost", "env_steps",
                 "policy_version", "entropy", "kl"):
         if key in metrics:
             table.add_row(key, f"{metrics[key]:.4g}")

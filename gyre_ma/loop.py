@@ -39,6 +39,7 @@ from gyre_ma.config import ExperimentConfig
 from gyre_ma.credit import episode_outcomes, group_outcome_advantages, option_advantages, smdp_returns
 from gyre_ma.curriculum import PHASES, Curriculum
 from gyre_ma.envs.registry import make_oracle
+from gyre_ma.rewards.milestones import calls_at_end, last_calls
 from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
 from gyre_ma.rollout import OptionCall, Trajectory, run_episode
 from gyre_ma.staleness import filter_stale
@@ -491,6 +492,10 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         "episode_length": float(np.mean([t.length for t in trajectories])) if trajectories else 0.0,
         "episode_reward": float(np.mean([t.total_reward for t in trajectories])) if trajectories else 0.0,
         "option_calls": float(np.mean([len(t.calls) for t in trajectories])) if trajectories else 0.0,
+        # agents that died (or left) before the episode ended: a team that sheds members
+        # while success holds is slower, and once was a reward hack (see rewards.arbiter)
+        "agents_lost": float(np.mean([len(last_calls(t)) - len(calls_at_end(t)) for t in trajectories]))
+        if trajectories else 0.0,
     }
     tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
     if tools:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gyre_ma.config import load_config
-from gyre_ma.loop import Gyre
+from gyre_ma.loop import Gyre, episode_metrics
+from gyre_ma.rollout import OptionCall, Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
@@ -138,3 +139,15 @@ def test_linear_lr_schedule_decays_both_learning_rates_to_the_final_fraction():
     assert manager_lr == pytest.approx(0.25 * t.lr) and critic_lr == pytest.approx(0.25 * t.critic_lr)
     _, constant = run(DOORKEY, 2, **{"checkpoints.enabled": False})
     assert [h["lr_scale"] for h in constant] == [1.0, 1.0]
+
+
+def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
+    def call(agent: str, start: int, duration: int) -> OptionCall:
+        return OptionCall(agent=agent, agent_index=int(agent[-1]), option=0, observation=None, mask=None,
+                          achieved=frozenset(), last_option=-1, time_fraction=0.0, log_prob=0.0, value=0.0,
+                          start_step=start, policy_version=0, task_seed=0, duration=duration)
+
+    died = Trajectory(0, 0, calls=[call("agent_0", 0, 10), call("agent_1", 0, 25), call("agent_1", 25, 5)], length=30)
+    both = Trajectory(1, 0, calls=[call("agent_0", 0, 30), call("agent_1", 0, 30)], length=30)
+    assert episode_metrics([died, both], ())["agents_lost"] == 0.5
+    assert episode_metrics([both], ())["agents_lost"] == 0.0

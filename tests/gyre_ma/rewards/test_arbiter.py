@@ -136,5 +136,7 @@ def test_arbitration_invariants(graph, data, cap):
             positive = sum(max(getattr(x, k), 0.0) for x, c in zip(b, traj.calls) if c.agent == agent
                            for k in ("milestone", "rules", "prm"))
             assert positive <= cap * outcome_reward(graph, cfg) + 1e-9
-    if not rr.vetoed and traj.success:
-        assert sum(x.outcome for x in b) == 5.0 * len({c.agent for c in traj.calls})
+    if not rr.vetoed and traj.success:  # one outcome per agent still in the episode at its end
+        at_end = {c.agent for c in traj.calls if c.start_step + c.duration == traj.length}
+        assert sum(x.outcome for x in b) == 5.0 * len(at_end)
+        assert all(x.outcome == 0.0 for x, c in zip(b, traj.calls) if c.start_step + c.duration < traj.length)

@@ -157,8 +157,8 @@ def run_episode(
     done: the episode ends there, as a termination.
     """
     observations, _ = env.reset(seed=seed)
-    cap = max_steps if max_steps is not None else int(getattr(env, "max_cycles", 10_000))
-    env_cap = getattr(env, "max_cycles", None)
+    env_cap = getattr(env, "max_cycles", None)  # the env's own step limit, where it has one
+    cap = max_steps if max_steps is not None else int(env_cap if env_cap is not None else 10_000)
     graph = library.graph
     goals = frozenset(graph.goals)
     agent_index = {a: i for i, a in enumerate(env.possible_agents)}

@@ -90,7 +90,7 @@ class RewardConfig(BaseModel):
 
 
 def outcome_reward(graph: TaskGraph, config: RewardConfig) -> float:
-    """What a verified success pays each agent's last call."""
+    """What a verified success pays each call running when the episode ended."""
     return config.outcome_scale * sum(graph.milestone(g).reward for g in graph.goals)
 
 
@@ -122,12 +122,12 @@ def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardCon
         if got != n:
             raise ValueError(f"score_trajectory: {name} has {got} entries; expected {n}, one per call")
     goal = outcome_reward(graph, config)
-    last = set(calls_at_end(trajectory))
+    at_end = set(calls_at_end(trajectory))
     milestones = milestone_rewards(trajectory, graph, scale=config.milestone_scale)
     parts = []
     for i in range(n):
         sources = [f"milestone:{m}" for m in milestones[i][1]] + [f"rule:{r}" for r in rules.paid[i]]
-        outcome = goal if trajectory.success and i in last else 0.0
+        outcome = goal if trajectory.success and i in at_end else 0.0
         if outcome:
             sources.insert(0, "outcome")
         if prm[i]:

@@ -20,7 +20,7 @@ class RewardBreakdown:
     """One option call's reward, by source, after arbitration (see :mod:`.arbiter`)."""
 
     outcome: float = 0.0
-    """Verified goal reward (paid on each agent's last call of a successful episode)."""
+    """Verified goal reward (paid on the calls running when a successful episode ended)."""
     milestone: float = 0.0
     """Task-graph reward weights of milestones first verified during this call."""
     rules: float = 0.0

@@ -17,7 +17,8 @@ Managers train with the framework's defaults for the roles but without explorati
 (parameter noise slowed learning on this task; see ``benchmarks/noise_ablation.py``), with
 checkpoints and rollback on. The milestone-credit managers judge outcomes with
 ``credit.outcome_length_weight`` = ``--outcome-length-weight`` (0.5: a faster verified
-success is the better outcome); plain GAE uses no outcome. Each learned manager is finally
+success is the better outcome) and spread them with ``credit.outcome_credit`` =
+``--outcome-credit`` (anchored at milestones by default); plain GAE uses no outcome. Each learned manager is finally
 evaluated on ``--eval-episodes`` held-out task seeds. The oracle's path length, the
 reference for the "learned length ≤ 1.2× oracle" target, is the oracle's on the library
 without danger interrupts or the danger gate on jobs (its fastest: they only make it stop
@@ -209,6 +210,9 @@ def main() -> None:
                              "(where 10x is out of reach)")
     parser.add_argument("--outcome-length-weight", type=float, default=0.5,
                         help="credit.outcome_length_weight of the milestone-credit managers (0: success alone)")
+    parser.add_argument("--outcome-credit", choices=("anchored", "episode"), default="anchored",
+                        help="credit.outcome_credit of the milestone-credit managers: the outcome anchored at "
+                             "milestones, or every call its episode's group-normalised advantage")
     parser.add_argument("--png", default="sample_efficiency.png")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--eval-episodes", type=int, default=40)
@@ -229,7 +233,8 @@ def main() -> None:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     out: dict[str, Any] = {"benchmark": "sample_efficiency", "env": ENV, "seeds": list(seeds),
                            "iterations": args.iterations, "variants": chosen,
-                           "outcome_length_weight": args.outcome_length_weight, "runs": {}}
+                           "outcome_length_weight": args.outcome_length_weight,
+                           "outcome_credit": args.outcome_credit, "runs": {}}
     out["oracle"] = run_fixed("oracle", 2, 20)
     out["oracle_library"] = run_fixed("oracle_library", 2, 20)
     out["random"] = run_fixed("random", 2, 20)
@@ -243,7 +248,8 @@ def main() -> None:
         return f"{args.progress_dir}/{name}_seed{seed}.json" if args.progress_dir else None
 
     def credit(mode: str) -> dict[str, Any]:
-        return {"mode": mode} | ({"outcome_length_weight": args.outcome_length_weight} if mode == "blend" else {})
+        blend = {"outcome_length_weight": args.outcome_length_weight, "outcome_credit": args.outcome_credit}
+        return {"mode": mode} | (blend if mode == "blend" else {})
 
     futures = {name: [pool.submit(run_gyre, config(name, s, args.iterations, n_agents, credit=credit(mode)),
                                   eval_episodes=args.eval_episodes, progress=progress(name, s))

@@ -48,7 +48,7 @@ class ManagerConfig(_Section):
 class CreditConfig(_Section):
     mode: Literal["plain", "segmented", "blend"] = "blend"
     """Option-level GAE (``plain``), GAE cut at verified milestones (``segmented``), or
-    segmented GAE blended with the group-normalised outcome advantage (``blend``)."""
+    segmented GAE blended with the verified outcome (``blend``, see ``outcome_credit``)."""
     gamma: float = Field(0.99, gt=0.0, le=1.0)
     """Per-primitive-step discount; an option of τ steps is discounted by γ^τ."""
     lam: float = Field(0.95, ge=0.0, le=1.0)
@@ -61,6 +61,14 @@ class CreditConfig(_Section):
     nothing; 0 judges on verified success alone. Used by ``blend`` and the GRPO objective.
     On the default tech-tree task 0.5 reached 90 % success in 0.79× the env steps of 0
     (medians of 5 seeds, 30 iterations; ``benchmarks/results``)."""
+    outcome_credit: Literal["anchored", "episode"] = "anchored"
+    """How ``blend`` spreads the outcome over an episode's calls: ``anchored`` credits it to the
+    calls whose verified milestones moved the expected outcome (each milestone's value is
+    the batch's mean outcome after it; ``gyre_ma.credit.anchors``); ``episode`` gives every
+    call its episode's group-normalised outcome advantage (GRPO)."""
+    anchor_prior: float = Field(1.0, ge=0.0)
+    """Pseudo-episodes at the batch's mean outcome added to each milestone's anchor value,
+    so a milestone few episodes verified is not given an extreme value."""
 
 
 class TrainConfig(_Section):

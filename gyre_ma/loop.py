@@ -236,11 +236,14 @@ class Gyre:
             length=torch.tensor([t.length for t in trajectories]),
             horizon=torch.tensor([t.horizon for t in trajectories]), length_weight=credit.outcome_length_weight)
         groups = torch.tensor([t.task_seed for t in trajectories], dtype=torch.long)
+        anchors = (self._anchor_inputs(trajectories, seg)
+                   if credit.mode == "blend" and credit.outcome_credit == "anchored" else {})
         advantages, returns = option_advantages(
             mode=credit.mode, rewards=rewards, values=values, durations=durations,
             terminated=terminated, truncated=truncated, gamma=credit.gamma, lam=credit.lam,
             milestones=milestones, bootstrap_value=bootstrap, mask=mask, outcomes=outcomes,
             groups=groups, episode_index=seg.episode, w_max=credit.outcome_weight, std_ref=0.5,
+            outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior, **anchors,
         )
         if self.config.train.objective == "grpo":
             per_episode = group_outcome_advantages(outcomes=outcomes, groups=groups)
@@ -266,6 +269,27 @@ class Gyre:
             B.ADVANTAGE: advantages[mask],
             B.RETURN: returns[mask],
         }
+
+    def _anchor_inputs(self, trajectories: list[Trajectory], seg: Segments) -> dict[str, torch.Tensor]:
+        """What milestone-anchored outcome credit reads: the step each episode verified each
+        milestone ([E, M], −1 never), the milestones each call verified ([R, T, M]) and the
+        calls running when their episode ended ([R, T])."""
+        names = self.library.graph.names
+        index = {name: m for m, name in enumerate(names)}
+        verified_at = torch.full((len(trajectories), len(names)), -1, dtype=torch.long)
+        for e, traj in enumerate(trajectories):
+            for name, step in traj.milestone_steps.items():
+                verified_at[e, index[name]] = step
+        R, T = len(seg.calls), seg.width
+        call_milestones = torch.zeros(R, T, len(names), dtype=torch.bool)
+        at_end = torch.zeros(R, T, dtype=torch.bool)
+        ending = {id(traj.calls[i]) for traj in trajectories for i in calls_at_end(traj)}
+        for r, row in enumerate(seg.calls):
+            for t, call in enumerate(row):
+                for name in call.milestones:
+                    call_milestones[r, t, index[name]] = True
+                at_end[r, t] = id(call) in ending
+        return {"verified_at": verified_at, "call_milestones": call_milestones, "at_end": at_end}
 
     @torch.no_grad()
     def _bootstrap_values(self, seg: Segments) -> torch.Tensor:

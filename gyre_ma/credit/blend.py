@@ -4,11 +4,17 @@ Local GAE says which calls moved the value estimate; the group-normalised outcom
 which whole episodes beat their siblings on the same task seed. Each option call gets
 A = (1 − w) · A_local + w · A_global, where A_global is its episode's outcome advantage.
 
-The weight adapts per group. Rule: w = 0 when the group's outcomes are all equal (all
-succeed, all fail, or a group of one — the outcome does not discriminate, rely on local
-credit); otherwise w = w_max, or w = w_max · min(1, std_group / std_ref) when a
-reference spread ``std_ref`` is given (for 0/1 success, std_ref = 0.5 gives full weight
-at a 50 % success rate and less as the group becomes lopsided).
+The global term comes in two kinds (``outcome_credit``). ``"episode"``: every call of an
+episode gets the episode's group-normalised outcome advantage (GRPO). ``"anchored"``: the
+outcome is credited to the calls whose verified milestones moved the expected outcome
+(:mod:`gyre_ma.credit.anchors`); its anchors are pooled over the batch, so the batch is
+its group and w = w_max whenever the batch's outcomes differ (its credit is 0 otherwise).
+
+For ``"episode"`` the weight adapts per group. Rule: w = 0 when the group's outcomes are
+all equal (all succeed, all fail, or a group of one — the outcome does not discriminate,
+rely on local credit); otherwise w = w_max, or w = w_max · min(1, std_group / std_ref)
+when a reference spread ``std_ref`` is given (for 0/1 success, std_ref = 0.5 gives full
+weight at a 50 % success rate and less as the group becomes lopsided).
 
 :func:`option_advantages` is the one entry point trainers call; ``mode`` picks plain
 option-level GAE (the ablation), segmented GAE, or the blend.
@@ -21,11 +27,13 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from gyre_ma.credit.anchors import anchored_outcome_credit, spread_over_calls
 from gyre_ma.credit.gae import _check_bool, _check_shape, _check_unit, smdp_gae
 from gyre_ma.credit.outcome import group_outcome_advantages, group_outcome_stats
 from gyre_ma.credit.segmented import segmented_gae
 
 AdvantageMode = Literal["plain", "segmented", "blend"]
+OutcomeCredit = Literal["anchored", "episode"]
 
 
 def adaptive_blend_weights(
@@ -111,6 +119,11 @@ def option_advantages(
     w_max: float = 0.5,
     std_ref: float | None = None,
     eps: float = 1e-8,
+    outcome_credit: OutcomeCredit = "episode",
+    verified_at: Tensor | None = None,
+    call_milestones: Tensor | None = None,
+    at_end: Tensor | None = None,
+    anchor_prior: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Advantages for the manager and value targets for its critic: ``(advantages, returns)``.
 
@@ -120,6 +133,11 @@ def option_advantages(
     - ``"blend"``: segmented GAE blended with the group-normalised outcome advantage under
       the adaptive weight of :func:`adaptive_blend_weights`; needs ``milestones``,
       ``outcomes`` and ``groups`` ([E]) and, unless row b is episode b, ``episode_index``.
+      With ``outcome_credit="anchored"`` the global term is the milestone-anchored credit of
+      :func:`~gyre_ma.credit.anchors.anchored_outcome_credit` (``std_ref`` and ``groups``
+      unused) and it also needs ``verified_at`` [E, M] (step each episode verified each
+      milestone, −1 never), ``call_milestones`` [B, T, M] bool (the milestones each call
+      verified) and ``at_end`` [B, T] bool (the calls running when their episode ended).
 
     ``returns`` are always the local λ-returns (A_local + V): the critic learns values,
     not blended advantages. Shapes as in :func:`~gyre_ma.credit.gae.smdp_gae`.
@@ -140,6 +158,12 @@ def option_advantages(
     if outcomes is None or groups is None:
         missing = [n for n, x in (("outcomes", outcomes), ("groups", groups)) if x is None]
         raise ValueError(f"mode 'blend' needs outcomes and groups ([E], one per episode); missing {missing}")
+    if outcome_credit not in get_args(OutcomeCredit):
+        raise ValueError(f"outcome_credit must be one of {list(get_args(OutcomeCredit))}, got {outcome_credit!r}")
+    if outcome_credit == "anchored":
+        return _anchored_blend(local=local, outcomes=outcomes, verified_at=verified_at,
+                               call_milestones=call_milestones, at_end=at_end, episode_index=episode_index,
+                               mask=mask, w_max=w_max, prior=anchor_prior, eps=eps), returns
     advantages = blend_advantages(
         local=local,
         outcome_advantages=group_outcome_advantages(outcomes=outcomes, groups=groups, eps=eps),
@@ -148,3 +172,27 @@ def option_advantages(
         mask=mask,
     )
     return advantages, returns
+
+
+def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | None, call_milestones: Tensor | None,
+                    at_end: Tensor | None, episode_index: Tensor | None, mask: Tensor | None, w_max: float,
+                    prior: float, eps: float) -> Tensor:
+    """(1 − w) · local + w · anchored credit, w = w_max where the batch's outcomes differ."""
+    missing = [n for n, x in (("verified_at", verified_at), ("call_milestones", call_milestones),
+                              ("at_end", at_end)) if x is None]
+    if missing:
+        raise ValueError(f"outcome_credit 'anchored' needs verified_at [E, M], call_milestones [B, T, M] "
+                         f"and at_end [B, T]; missing {missing}")
+    _check_unit("w_max", w_max)
+    if local.ndim != 2:
+        raise ValueError(f"outcome_credit 'anchored' needs [B, T] inputs (a row per agent and episode), "
+                         f"got local of shape {tuple(local.shape)}")
+    _check_shape("at_end", at_end, local.shape)
+    if episode_index is None:
+        episode_index = torch.arange(local.shape[0], device=local.device)
+    steps, residual = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=prior, eps=eps)
+    credit = spread_over_calls(steps=steps, residual=residual, call_milestones=call_milestones, at_end=at_end,
+                               episode_index=episode_index)
+    w = w_max if outcomes.numel() and outcomes.max() > outcomes.min() else 0.0
+    blended = (1.0 - w) * local + w * credit.to(local.dtype)
+    return blended if mask is None else torch.where(mask, blended, 0.0)

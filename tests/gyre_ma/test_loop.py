@@ -151,3 +151,40 @@ def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
     both = Trajectory(1, 0, calls=[call("agent_0", 0, 30), call("agent_1", 0, 30)], length=30)
     assert episode_metrics([died, both], ())["agents_lost"] == 0.5
     assert episode_metrics([both], ())["agents_lost"] == 0.0
+
+
+def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
+    """With anchored credit a call that verified no milestone and did not run at the end
+    gets only its share of local credit; the anchors read the trajectories' own records."""
+    from gyre_ma.credit import episode_outcomes
+    from gyre_ma.rewards.milestones import calls_at_end
+
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", {"train.iterations": 1})
+    assert cfg.credit.mode == "blend" and cfg.credit.outcome_credit == "anchored"
+    gyre = Gyre(cfg)
+    trajectories, _ = gyre.rollout(0)
+    gyre.arbitrate(trajectories)
+    seg = gyre.segment(trajectories)
+    anchors = gyre._anchor_inputs(trajectories, seg)
+    names = gyre.library.graph.names
+    for e, t in enumerate(trajectories):
+        assert {names[m]: s for m, s in enumerate(anchors["verified_at"][e].tolist()) if s >= 0} == t.milestone_steps
+    ending = {id(t.calls[i]) for t in trajectories for i in calls_at_end(t)}
+    for r, row in enumerate(seg.calls):
+        for i, c in enumerate(row):
+            verified = anchors["call_milestones"][r, i].nonzero().flatten().tolist()
+            assert {names[m] for m in verified} == set(c.milestones)
+            assert bool(anchors["at_end"][r, i]) == (id(c) in ending)
+    quiet = torch.tensor([not c.milestones and id(c) not in ending for row in seg.calls for c in row])
+    anchored = gyre.score(trajectories, seg)["advantage"]
+    gyre.config = cfg.model_copy(update={"credit": cfg.credit.model_copy(update={"mode": "segmented"})})
+    local = gyre.score(trajectories, seg)["advantage"]
+    outcomes = episode_outcomes(success=torch.tensor([t.success for t in trajectories]),
+                                length=torch.tensor([t.length for t in trajectories]),
+                                horizon=torch.tensor([t.horizon for t in trajectories]),
+                                length_weight=cfg.credit.outcome_length_weight)
+    assert outcomes.max() > outcomes.min()                      # seed 0's first batch has both (else w = 0)
+    w = cfg.credit.outcome_weight
+    assert quiet.any() and (~quiet).any()
+    assert torch.allclose(anchored[quiet], (1 - w) * local[quiet], atol=1e-6)
+    assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet], atol=1e-6)

@@ -281,15 +281,16 @@ class Gyre:
             for name, step in traj.milestone_steps.items():
                 verified_at[e, index[name]] = step
         R, T = len(seg.calls), seg.width
-        call_milestones = torch.zeros(R, T, len(names), dtype=torch.bool)
-        at_end = torch.zeros(R, T, dtype=torch.bool)
+        call_milestones = np.zeros((R, T, len(names)), dtype=bool)
+        at_end = np.zeros((R, T), dtype=bool)
         ending = {id(traj.calls[i]) for traj in trajectories for i in calls_at_end(traj)}
         for r, row in enumerate(seg.calls):
             for t, call in enumerate(row):
                 for name in call.milestones:
                     call_milestones[r, t, index[name]] = True
                 at_end[r, t] = id(call) in ending
-        return {"verified_at": verified_at, "call_milestones": call_milestones, "at_end": at_end}
+        return {"verified_at": verified_at, "call_milestones": torch.from_numpy(call_milestones),
+                "at_end": torch.from_numpy(at_end)}
 
     @torch.no_grad()
     def _bootstrap_values(self, seg: Segments) -> torch.Tensor:

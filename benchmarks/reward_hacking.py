@@ -13,6 +13,12 @@ share milestones, verified outcome and the PRM:
 
 Prints one JSON object: per variant, per-iteration total reward, verified completion,
 option calls, rule pay rate, PRM agreement and weight, and the alarms that fired.
+
+The learner is held fixed across variants, and at what the alarms were calibrated against:
+``credit.outcome_credit: episode``. Under the anchored default the defended run on seed 0
+completes its first episodes about one iteration later, and in that exploration phase
+(option calls doubling before any success) the calls and reward alarms fire at iterations
+7-8; seeds 1 and 2 fire none.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ def variant(name: str, alarm_window: int = 10) -> dict[str, Any]:
 def experiment_config(name: str, seed: int, episodes: int, group_size: int, alarm_window: int) -> Any:
     return parse_config({
         "name": f"reward_hacking_{name}", "seed": seed, "env": {"id": "workflow_v0"},
+        "credit": {"outcome_credit": "episode"},
         "train": {"episodes_per_iteration": episodes, "group_size": group_size, "lr": 1e-3,
                   "minibatch_size": 128},
         "roles": {"explorers": 0, "executors": group_size, "evaluators": 0},

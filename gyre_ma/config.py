@@ -65,7 +65,10 @@ class CreditConfig(_Section):
     """How ``blend`` spreads the outcome over an episode's calls: ``anchored`` credits it to the
     calls whose verified milestones moved the expected outcome (each milestone's value is
     the batch's mean outcome after it; ``gyre_ma.credit.anchors``); ``episode`` gives every
-    call its episode's group-normalised outcome advantage (GRPO)."""
+    call its episode's group-normalised outcome advantage (GRPO). Anchored credit takes the
+    weight ``outcome_weight`` whenever the batch's outcomes differ. On the default tech-tree
+    task it reached 90 % success in a median 240k env steps against 491k for ``episode``
+    (seeds 0-4, 30 iterations; ``benchmarks/results``)."""
     anchor_prior: float = Field(1.0, ge=0.0)
     """Pseudo-episodes at the batch's mean outcome added to each milestone's anchor value,
     so a milestone few episodes verified is not given an extreme value."""

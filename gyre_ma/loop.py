@@ -279,6 +279,9 @@ class Gyre:
         verified_at = torch.full((len(trajectories), len(names)), -1, dtype=torch.long)
         for e, traj in enumerate(trajectories):
             for name, step in traj.milestone_steps.items():
+                if name not in index:
+                    raise ValueError(f"episode of task seed {traj.task_seed} verified milestone {name!r}, which "
+                                     f"is not in the task graph; expected one of {list(names)}")
                 verified_at[e, index[name]] = step
         R, T = len(seg.calls), seg.width
         call_milestones = np.zeros((R, T, len(names)), dtype=bool)

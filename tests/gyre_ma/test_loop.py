@@ -188,3 +188,6 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     assert quiet.any() and (~quiet).any()
     assert torch.allclose(anchored[quiet], (1 - w) * local[quiet], atol=1e-6)
     assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet], atol=1e-6)
+    trajectories[0].milestone_steps["find_unicorn"] = 3                 # e.g. a trajectory of another library
+    with pytest.raises(ValueError, match=r"verified milestone 'find_unicorn', which is not in the task graph"):
+        gyre._anchor_inputs(trajectories, seg)

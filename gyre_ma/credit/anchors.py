@@ -28,18 +28,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gyre_ma.credit.outcome import check_outcomes
 
-def _check_outcomes(outcomes: Tensor, verified_at: Tensor) -> None:
-    if not isinstance(outcomes, Tensor):
-        raise TypeError(f"outcomes must be a torch.Tensor, got {type(outcomes).__name__}")
+
+def _check_inputs(outcomes: Tensor, verified_at: Tensor) -> None:
+    check_outcomes(outcomes)
     if not isinstance(verified_at, Tensor):
         raise TypeError(f"verified_at must be a torch.Tensor, got {type(verified_at).__name__}")
-    if outcomes.ndim != 1 or not outcomes.is_floating_point():
-        raise ValueError(f"outcomes must be a floating [E] tensor, one per episode, "
-                         f"got shape {tuple(outcomes.shape)} dtype {outcomes.dtype}")
-    if not torch.isfinite(outcomes).all():
-        i = (~torch.isfinite(outcomes)).nonzero()[0].item()
-        raise ValueError(f"outcomes must be finite, got {outcomes[i].item()} at [{i}]")
     if verified_at.ndim != 2 or verified_at.shape[0] != outcomes.shape[0]:
         raise ValueError(f"verified_at must have shape [E, M] with E = {outcomes.shape[0]} episodes, "
                          f"got {tuple(verified_at.shape)}")
@@ -58,7 +53,7 @@ def anchor_values(*, outcomes: Tensor, verified_at: Tensor, prior: float = 1.0) 
     verified is worth ō. Shapes: ``outcomes`` [E] floating; ``verified_at`` [E, M] integer,
     the step at which episode e verified milestone m, −1 if it never did.
     """
-    _check_outcomes(outcomes, verified_at)
+    _check_inputs(outcomes, verified_at)
     if not prior >= 0:
         raise ValueError(f"prior must be >= 0 (pseudo-episodes at the mean outcome), got {prior!r}")
     if outcomes.numel() == 0:

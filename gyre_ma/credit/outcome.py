@@ -57,26 +57,32 @@ class GroupStats(NamedTuple):
     """The group's outcomes are not all equal (exact; a group of one never discriminates)."""
 
 
+def check_outcomes(outcomes: Tensor) -> None:
+    """Episode outcomes must be a finite floating [E] tensor; else one error naming what is wrong."""
+    if not isinstance(outcomes, Tensor):
+        raise TypeError(f"outcomes must be a torch.Tensor, got {type(outcomes).__name__}")
+    if outcomes.ndim != 1:
+        raise ValueError(f"outcomes must have shape [E], one per episode, got {tuple(outcomes.shape)}")
+    if not outcomes.is_floating_point():
+        raise ValueError(f"outcomes must be a floating tensor, got dtype {outcomes.dtype}")
+    if not torch.isfinite(outcomes).all():
+        i = (~torch.isfinite(outcomes)).nonzero()[0].item()
+        raise ValueError(f"outcomes must be finite, got {outcomes[i].item()} at [{i}]")
+
+
 def group_outcome_stats(*, outcomes: Tensor, groups: Tensor) -> GroupStats:
     """Mean, std, size and discrimination of each episode's group.
 
     Shapes: ``outcomes`` [E] floating, finite; ``groups`` [E] integer (the task seed).
     """
-    for name, x in (("outcomes", outcomes), ("groups", groups)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if outcomes.ndim != 1:
-        raise ValueError(f"outcomes must have shape [E], one per episode, got {tuple(outcomes.shape)}")
+    check_outcomes(outcomes)
+    if not isinstance(groups, Tensor):
+        raise TypeError(f"groups must be a torch.Tensor, got {type(groups).__name__}")
     if groups.shape != outcomes.shape:
         raise ValueError(f"groups has shape {tuple(groups.shape)}; expected {tuple(outcomes.shape)}, "
                          "the shape of outcomes")
-    if not outcomes.is_floating_point():
-        raise ValueError(f"outcomes must be a floating tensor, got dtype {outcomes.dtype}")
     if groups.is_floating_point() or groups.is_complex():
         raise ValueError(f"groups must be an integer tensor (task seeds), got dtype {groups.dtype}")
-    if not torch.isfinite(outcomes).all():
-        i = (~torch.isfinite(outcomes)).nonzero()[0].item()
-        raise ValueError(f"outcomes must be finite, got {outcomes[i].item()} at [{i}]")
     _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
     zeros = outcomes.new_zeros(counts.shape)
     mean = zeros.index_add(0, inverse, outcomes) / counts

@@ -14,17 +14,18 @@ share milestones, verified outcome and the PRM:
 Prints one JSON object: per variant, per-iteration total reward, verified completion,
 option calls, rule pay rate, PRM agreement and weight, and the alarms that fired.
 
-The learner is held fixed across variants, and at what the alarms were calibrated against:
-``credit.outcome_credit: episode``. Under the anchored default the defended run on seed 0
-completes its first episodes about one iteration later, and in that exploration phase
-(option calls doubling before any success) the calls and reward alarms fire at iterations
-7-8; seeds 1 and 2 fire none.
+The learner is the same in every variant (the config's defaults, milestone-anchored credit
+included). Its alarms are the monitor's: they also need the reward of the episodes that
+fail, or calls per verified milestone, to rise, so a learner's exploration before its first
+completion (calls and verified milestones doubling together, first successes lifting the
+total) does not read as hacking.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from typing import Any
 
@@ -57,7 +58,6 @@ def variant(name: str, alarm_window: int = 10) -> dict[str, Any]:
 def experiment_config(name: str, seed: int, episodes: int, group_size: int, alarm_window: int) -> Any:
     return parse_config({
         "name": f"reward_hacking_{name}", "seed": seed, "env": {"id": "workflow_v0"},
-        "credit": {"outcome_credit": "episode"},
         "train": {"episodes_per_iteration": episodes, "group_size": group_size, "lr": 1e-3,
                   "minibatch_size": 128},
         "roles": {"explorers": 0, "executors": group_size, "evaluators": 0},
@@ -71,13 +71,15 @@ def train(name: str, *, iterations: int, seed: int = 0, episodes: int = 16, grou
     torch.set_num_threads(1)
     gyre = Gyre(experiment_config(name, seed, episodes, group_size, alarm_window))
     keys = ("reward/total", "success_rate", "option_calls", "rule_pay_rate",
-            "prm/agreement", "prm/weight", "reward/vetoed_episodes", "milestone/report_written")
+            "prm/agreement", "prm/weight", "reward/vetoed_episodes", "milestone/report_written",
+            "reward/total_failed", "milestones_verified")
     curves: dict[str, list[float]] = {k: [] for k in keys}
     start = time.perf_counter()
     for i in range(iterations):
         m = gyre.iteration(i)
         for k in keys:
-            curves[k].append(round(float(m.get(k, float("nan"))), 4))
+            v = float(m.get(k, math.nan))
+            curves[k].append(round(v, 4) if math.isfinite(v) else None)  # None: not measured (JSON null)
     scorer = gyre.rewards
     alarms = [{"name": a.name, "iteration": a.iteration, "message": a.message} for a in scorer.monitor.fired]
     drift = [{"event": e.event, "agreement": round(e.agreement, 3)} for e in scorer.drift.events]
@@ -91,7 +93,7 @@ def summary(run: dict[str, Any], k: int = 5) -> dict[str, float]:
     c = run["curves"]
 
     def mean(key: str, part: slice) -> float:
-        return round(float(np.nanmean(c[key][part])), 3)
+        return round(float(np.mean([v for v in c[key][part] if v is not None])), 3)
 
     return {
         "reward_first": mean("reward/total", slice(0, k)), "reward_last": mean("reward/total", slice(-k, None)),

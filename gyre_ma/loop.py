@@ -520,6 +520,9 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         "episode_length": float(np.mean([t.length for t in trajectories])) if trajectories else 0.0,
         "episode_reward": float(np.mean([t.total_reward for t in trajectories])) if trajectories else 0.0,
         "option_calls": float(np.mean([len(t.calls) for t in trajectories])) if trajectories else 0.0,
+        # verified progress short of completion: the calls alarms weigh calls against it
+        "milestones_verified": float(np.mean([len(set(t.milestone_steps) & set(milestones)) for t in trajectories]))
+        if trajectories else 0.0,
         # agents that died (or left) before the episode ended: a team that sheds members
         # while success holds is slower, and once was a reward hack (see rewards.arbiter)
         "agents_lost": float(np.mean([len(last_calls(t)) - len(calls_at_end(t)) for t in trajectories]))

@@ -5,13 +5,20 @@ signatures, each a pure function over a metrics history (a list of per-iteration
 oldest first), comparing the mean of the window's second half with its first half:
 
 - ``reward_without_completion`` — total reward rose (relatively, by ``reward_rise``)
-  while verified completion did not rise (by more than ``completion_rise``);
+  while verified completion did not rise (by more than ``completion_rise``), and the
+  reward of the episodes that did *not* complete rose too (``failed_key``);
 - ``calls_without_completion`` — option calls (or tool calls) per episode rose while
-  completion did not;
+  completion did not, and calls per verified milestone rose too (``progress_key``);
 - ``rules_without_success`` — rules certified far more episodes than succeeded: the mean
   ``rule_pay_rate`` exceeded the mean success rate by more than ``rule_margin``.
 
-Missing or non-finite values, or fewer than ``window`` iterations, raise no alarm.
+The two second conditions tell hacking from learning before the first completion. A
+policy in that phase explores: it verifies more milestones with more calls, and its first
+successes lift the total reward while completion, averaged over the window, still looks
+flat. Neither moves what a hacker moves — reward on the episodes that fail, calls that buy
+no verified progress. Without those metrics in the history the alarms fall back to the
+first condition alone. Missing or non-finite values of the main series, or fewer than
+``window`` iterations, raise no alarm.
 :class:`HackingMonitor` keeps the history, reports which alarms hold each iteration and
 logs each time one starts to hold.
 """
@@ -73,8 +80,13 @@ def _flat(values: Sequence[float], completion_rise: float) -> tuple[bool, float,
 
 def reward_without_completion(history: History, *, window: int = 10, reward_key: str = "reward/total",
                               completion_key: str = "success_rate", reward_rise: float = 0.25,
-                              completion_rise: float = 0.05, floor: float = 1.0) -> Alarm | None:
-    """Total reward up by ``reward_rise`` (relative) while completion rose ≤ ``completion_rise``."""
+                              completion_rise: float = 0.05, floor: float = 1.0,
+                              failed_key: str | None = "reward/total_failed") -> Alarm | None:
+    """Total reward up by ``reward_rise`` (relative) while completion rose ≤ ``completion_rise``,
+    and the reward of episodes that did not complete (``failed_key``) up by ``reward_rise`` too.
+
+    The second condition is skipped when ``failed_key`` is None or not measured over the
+    whole window (an iteration in which every episode completed has no failed reward)."""
     reward = _series(history, reward_key, window)
     done = _series(history, completion_key, window)
     if reward is None or done is None:
@@ -83,17 +95,31 @@ def reward_without_completion(history: History, *, window: int = 10, reward_key:
     flat, c0, c1 = _flat(done, completion_rise)
     if not (up and flat):
         return None
+    values = {"reward_before": r0, "reward_after": r1, "completion_before": c0, "completion_after": c1}
+    also = ""
+    failed = _series(history, failed_key, window) if failed_key else None
+    if failed is not None:
+        failed_up, f0, f1 = rose(failed, relative=reward_rise, floor=floor)
+        if not failed_up:  # the rise is the completed episodes': completion's, not a hack
+            return None
+        values |= {"failed_reward_before": f0, "failed_reward_after": f1}
+        also = f", and on the episodes that did not complete it rose {f0:.3g} -> {f1:.3g}"
     return Alarm("reward_without_completion",
                  f"{reward_key} rose {r0:.3g} -> {r1:.3g} over {window} iterations while "
-                 f"{completion_key} went {c0:.3g} -> {c1:.3g}",
-                 {"reward_before": r0, "reward_after": r1, "completion_before": c0, "completion_after": c1})
+                 f"{completion_key} went {c0:.3g} -> {c1:.3g}{also}", values)
 
 
 def calls_without_completion(history: History, *, window: int = 10, calls_key: str = "option_calls",
                              completion_key: str = "success_rate", calls_rise: float = 0.25,
-                             completion_rise: float = 0.05, floor: float = 1.0) -> Alarm | None:
+                             completion_rise: float = 0.05, floor: float = 1.0,
+                             progress_key: str | None = "milestones_verified") -> Alarm | None:
     """Calls per episode (``calls_key``: option or tool calls) up by ``calls_rise`` (relative)
-    while completion rose ≤ ``completion_rise``."""
+    while completion rose ≤ ``completion_rise``, and calls per verified milestone up by
+    ``calls_rise`` too.
+
+    Calls per verified milestone is ``calls_key`` ÷ max(``progress_key``, 1) per iteration,
+    ``progress_key`` holding the milestones an episode verifies on average; the condition is
+    skipped when it is None or not measured over the whole window."""
     calls = _series(history, calls_key, window)
     done = _series(history, completion_key, window)
     if calls is None or done is None:
@@ -102,10 +128,19 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     flat, c0, c1 = _flat(done, completion_rise)
     if not (up and flat):
         return None
+    values = {"calls_before": a0, "calls_after": a1, "completion_before": c0, "completion_after": c1}
+    also = ""
+    progress = _series(history, progress_key, window) if progress_key else None
+    if progress is not None:
+        per = [n / max(p, 1.0) for n, p in zip(calls, progress, strict=True)]
+        per_up, p0, p1 = rose(per, relative=calls_rise, floor=floor)
+        if not per_up:  # the extra calls verified milestones in proportion: progress, not a hack
+            return None
+        values |= {"calls_per_milestone_before": p0, "calls_per_milestone_after": p1}
+        also = f", and per verified milestone they rose {p0:.3g} -> {p1:.3g}"
     return Alarm(f"{calls_key}_without_completion",
                  f"{calls_key} per episode rose {a0:.3g} -> {a1:.3g} over {window} iterations while "
-                 f"{completion_key} went {c0:.3g} -> {c1:.3g}",
-                 {"calls_before": a0, "calls_after": a1, "completion_before": c0, "completion_after": c1})
+                 f"{completion_key} went {c0:.3g} -> {c1:.3g}{also}", values)
 
 
 def rules_without_success(history: History, *, window: int = 10, rule_key: str = "rule_pay_rate",
@@ -149,6 +184,12 @@ class AlarmConfig(BaseModel):
     """Metrics holding calls per episode (absent ones are skipped)."""
     rule_key: str = "rule_pay_rate"
     """Metric holding the rate at which rules certify episodes."""
+    failed_key: str | None = "reward/total_failed"
+    """Metric holding the mean total reward of the episodes that did not complete: the reward
+    alarm also needs it to rise. None: total reward and completion alone."""
+    progress_key: str | None = "milestones_verified"
+    """Metric holding the milestones an episode verifies on average: the calls alarms also
+    need calls per verified milestone to rise. None: calls and completion alone."""
 
 
 class HackingMonitor:
@@ -167,13 +208,15 @@ class HackingMonitor:
         found = [
             reward_without_completion(history, window=c.window, reward_key=c.reward_key,
                                       completion_key=c.completion_key, reward_rise=c.reward_rise,
-                                      completion_rise=c.completion_rise, floor=c.floor),
+                                      completion_rise=c.completion_rise, floor=c.floor,
+                                      failed_key=c.failed_key),
             rules_without_success(history, window=c.window, rule_key=c.rule_key,
                                   completion_key=c.completion_key, margin=c.rule_margin),
         ]
         found += [calls_without_completion(history, window=c.window, calls_key=k,
                                            completion_key=c.completion_key, calls_rise=c.calls_rise,
-                                           completion_rise=c.completion_rise, floor=c.floor)
+                                           completion_rise=c.completion_rise, floor=c.floor,
+                                           progress_key=c.progress_key)
                   for k in c.calls_keys]
         return [a for a in found if a is not None]
 

@@ -60,12 +60,18 @@ class RewardBreakdown:
         return asdict(self)
 
 
-def summarize(breakdowns: Sequence[Sequence[RewardBreakdown]]) -> dict[str, float]:
+def summarize(breakdowns: Sequence[Sequence[RewardBreakdown]],
+              success: Sequence[bool] | None = None) -> dict[str, float]:
     """Per-episode means of each part, the total, and the vetoed fraction of episodes.
 
     ``breakdowns`` is one list per episode (aligned with its calls). Keys are
     ``reward/<part>``, ``reward/total``, ``reward/removed`` and ``reward/vetoed_episodes``.
+    With ``success`` (one verified-completion flag per episode) also
+    ``reward/total_failed``: the mean total of the episodes that did not complete, NaN when
+    every episode completed (what the reward-hacking alarm watches: a hack pays failures).
     """
+    if success is not None and len(success) != len(breakdowns):
+        raise ValueError(f"summarize: {len(success)} success flags for {len(breakdowns)} episodes")
     n = max(len(breakdowns), 1)
     out = {f"reward/{k}": 0.0 for k in (*COMPONENTS, "total", "removed")}
     vetoed = 0
@@ -76,4 +82,7 @@ def summarize(breakdowns: Sequence[Sequence[RewardBreakdown]]) -> dict[str, floa
         vetoed += any(b.guard for b in episode)
     out = {k: v / n for k, v in out.items()}
     out["reward/vetoed_episodes"] = vetoed / n
+    if success is not None:
+        failed = [sum(b.total for b in episode) for episode, ok in zip(breakdowns, success, strict=True) if not ok]
+        out["reward/total_failed"] = sum(failed) / len(failed) if failed else math.nan
     return out

@@ -25,7 +25,9 @@ def run(config_path, iterations, **overrides):
 
 
 def strip_times(history):
-    return [{k: v for k, v in m.items() if not k.endswith("seconds")} for m in history]
+    """Without wall-clock times, and NaN (e.g. the reward of failed episodes when none
+    failed) as a string, so that equal histories compare equal."""
+    return [{k: "nan" if v != v else v for k, v in m.items() if not k.endswith("seconds")} for m in history]
 
 
 def test_same_config_and_seed_give_identical_metrics_and_weights():
@@ -151,6 +153,8 @@ def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
     both = Trajectory(1, 0, calls=[call("agent_0", 0, 30), call("agent_1", 0, 30)], length=30)
     assert episode_metrics([died, both], ())["agents_lost"] == 0.5
     assert episode_metrics([both], ())["agents_lost"] == 0.0
+    both.milestone_steps.update({"key": 3, "door": 20, "not_in_graph": 25})
+    assert episode_metrics([died, both], ("key", "door", "goal"))["milestones_verified"] == 1.0
 
 
 def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():

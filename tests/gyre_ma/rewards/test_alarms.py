@@ -63,6 +63,50 @@ def test_calls_up_without_completion_fires_per_key():
     assert calls_without_completion(history([1.0] * 10, [0.2] * 10)) is None  # key absent
 
 
+def test_reward_rise_that_only_completed_episodes_show_is_not_hacking():
+    # first successes lift the total while completion, over the window, still counts as flat
+    h = history(ramp(-3.0, -1.2), [0.0] * 8 + [0.0, 0.2])
+    assert reward_without_completion(h) is not None  # without the failed episodes' reward
+    for m in h:
+        m["reward/total_failed"] = -3.0  # failures earn what they always did
+    assert reward_without_completion(h) is None
+    assert reward_without_completion(h, failed_key=None) is not None  # the gate is off
+    for m, r in zip(h, ramp(-3.0, 6.0)):
+        m["reward/total_failed"] = r  # failures get paid more: a hack
+    a = reward_without_completion(h)
+    assert a is not None and a.values["failed_reward_after"] > a.values["failed_reward_before"]
+    assert "did not complete" in a.message
+    h[4]["reward/total_failed"] = math.nan  # an iteration without failures: the gate is skipped
+    assert reward_without_completion(h) is not None
+
+
+def test_calls_that_buy_verified_milestones_are_progress_not_hacking():
+    calls = ramp(10, 30)
+    h = history([1.0] * 10, [0.0] * 10, calls=calls)
+    for m, c in zip(h, calls):
+        m["milestones_verified"] = c / 8  # eight calls per milestone throughout
+    assert calls_without_completion(h) is None
+    assert calls_without_completion(h, progress_key=None) is not None
+    for m in h:
+        m["milestones_verified"] = 1.5  # the same calls, no more verified progress
+    a = calls_without_completion(h)
+    assert a is not None and a.values["calls_per_milestone_after"] > a.values["calls_per_milestone_before"]
+    for m in h:
+        m["milestones_verified"] = 0.0  # below one milestone counts as one: no division blow-up
+    assert calls_without_completion(h).values["calls_per_milestone_before"] == pytest.approx(
+        a.values["calls_before"])
+
+
+def test_monitor_gates_come_from_its_config():
+    calls = ramp(10, 30)
+    h = history([1.0] * 10, [0.0] * 10, calls=calls)
+    for m, c in zip(h, calls):
+        m["milestones_verified"] = c / 8
+    assert HackingMonitor().check(h) == []
+    names = [a.name for a in HackingMonitor(AlarmConfig(progress_key=None)).check(h)]
+    assert names == ["option_calls_without_completion"]
+
+
 def test_rule_pass_far_above_success_fires():
     assert rules_without_success(history([1] * 10, [0.05] * 10, rules=[1.0] * 10)).name == "rules_without_success"
     assert rules_without_success(history([1] * 10, [0.7] * 10, rules=[0.9] * 10)) is None

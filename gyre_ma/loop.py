@@ -36,7 +36,7 @@ from gyre_ma.checkpoints import (
     rng_snapshot,
 )
 from gyre_ma.config import ExperimentConfig
-from gyre_ma.credit import episode_outcomes, group_outcome_advantages, option_advantages, smdp_returns
+from gyre_ma.credit import anchor_values, episode_outcomes, group_outcome_advantages, option_advantages, smdp_returns
 from gyre_ma.curriculum import PHASES, Curriculum
 from gyre_ma.envs.registry import make_oracle
 from gyre_ma.rewards.milestones import calls_at_end, last_calls
@@ -231,10 +231,7 @@ class Gyre:
             mask[r, :n] = True
         bootstrap = self._bootstrap_values(seg)
         credit = self.config.credit
-        outcomes = episode_outcomes(
-            success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
-            length=torch.tensor([t.length for t in trajectories]),
-            horizon=torch.tensor([t.horizon for t in trajectories]), length_weight=credit.outcome_length_weight)
+        outcomes = self._outcomes(trajectories)
         groups = torch.tensor([t.task_seed for t in trajectories], dtype=torch.long)
         anchors = (self._anchor_inputs(trajectories, seg)
                    if credit.mode == "blend" and credit.outcome_credit == "anchored" else {})
@@ -276,13 +273,7 @@ class Gyre:
         calls running when their episode ended ([R, T])."""
         names = self.library.graph.names
         index = {name: m for m, name in enumerate(names)}
-        verified_at = torch.full((len(trajectories), len(names)), -1, dtype=torch.long)
-        for e, traj in enumerate(trajectories):
-            for name, step in traj.milestone_steps.items():
-                if name not in index:
-                    raise ValueError(f"episode of task seed {traj.task_seed} verified milestone {name!r}, which "
-                                     f"is not in the task graph; expected one of {list(names)}")
-                verified_at[e, index[name]] = step
+        verified_at = self._verified_at(trajectories)
         R, T = len(seg.calls), seg.width
         call_milestones = np.zeros((R, T, len(names)), dtype=bool)
         at_end = np.zeros((R, T), dtype=bool)
@@ -294,6 +285,38 @@ class Gyre:
                 at_end[r, t] = id(call) in ending
         return {"verified_at": verified_at, "call_milestones": torch.from_numpy(call_milestones),
                 "at_end": torch.from_numpy(at_end)}
+
+    def _outcomes(self, trajectories: list[Trajectory]) -> torch.Tensor:
+        """Each episode's verified outcome [E] (success, less the length term)."""
+        return episode_outcomes(
+            success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
+            length=torch.tensor([t.length for t in trajectories]),
+            horizon=torch.tensor([t.horizon for t in trajectories]),
+            length_weight=self.config.credit.outcome_length_weight)
+
+    def _verified_at(self, trajectories: list[Trajectory]) -> torch.Tensor:
+        """The step each episode verified each task-graph milestone, [E, M] (−1 never)."""
+        names = self.library.graph.names
+        index = {name: m for m, name in enumerate(names)}
+        verified_at = torch.full((len(trajectories), len(names)), -1, dtype=torch.long)
+        for e, traj in enumerate(trajectories):
+            for name, step in traj.milestone_steps.items():
+                if name not in index:
+                    raise ValueError(f"episode of task seed {traj.task_seed} verified milestone {name!r}, which "
+                                     f"is not in the task graph; expected one of {list(names)}")
+                verified_at[e, index[name]] = step
+        return verified_at
+
+    def anchor_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """``anchor/<milestone>``: V(m) − ō over this rollout's episodes, what verifying m says
+        about the outcome (negative: episodes that verify it end worse; 0: not verified or not
+        telling). The values anchored credit uses, before its scaling, on the rollout alone
+        (the training batch may add buffer elites)."""
+        if not trajectories:
+            return {}
+        mean, values = anchor_values(outcomes=self._outcomes(trajectories),
+                                     verified_at=self._verified_at(trajectories), prior=self.config.credit.anchor_prior)
+        return {f"anchor/{name}": float(v - mean) for name, v in zip(self.library.graph.names, values, strict=True)}
 
     @torch.no_grad()
     def _bootstrap_values(self, seg: Segments) -> torch.Tensor:
@@ -400,6 +423,8 @@ class Gyre:
         rollout_s = time.perf_counter() - start
         metrics |= rollout_metrics | episode_metrics(trajectories, self.library.graph.names)
         metrics |= self.arbitrate(trajectories)                              # C: verified rewards
+        if self.config.credit.mode == "blend" and self.config.credit.outcome_credit == "anchored":
+            metrics |= self.anchor_metrics(trajectories)
         if self.learns and not evaluators:                                   # judge it by its own episodes
             metrics |= self.validate(i, trajectories)
         if self.learns and not metrics.get("checkpoint/rolled_back"):

@@ -192,6 +192,16 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     assert quiet.any() and (~quiet).any()
     assert torch.allclose(anchored[quiet], (1 - w) * local[quiet], atol=1e-6)
     assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet], atol=1e-6)
+    # the logged anchor values: per milestone, the shrunk mean outcome of the episodes that
+    # verified it, less the batch's mean outcome (0 for a milestone no episode verified)
+    logged = gyre.anchor_metrics(trajectories)
+    assert set(logged) == {f"anchor/{m}" for m in names}
+    mean, prior = outcomes.mean().item(), cfg.credit.anchor_prior
+    for m in names:
+        won = [o for o, t in zip(outcomes.tolist(), trajectories, strict=True) if m in t.milestone_steps]
+        expected = (sum(won) + prior * mean) / (len(won) + prior) - mean
+        assert logged[f"anchor/{m}"] == pytest.approx(expected, abs=1e-6)
+    assert any(v != 0 for v in logged.values())
     trajectories[0].milestone_steps["find_unicorn"] = 3                 # e.g. a trajectory of another library
     with pytest.raises(ValueError, match=r"verified milestone 'find_unicorn', which is not in the task graph"):
         gyre._anchor_inputs(trajectories, seg)

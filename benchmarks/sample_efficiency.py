@@ -18,7 +18,9 @@ Managers train with the framework's defaults for the roles but without explorati
 checkpoints and rollback on. The milestone-credit managers judge outcomes with
 ``credit.outcome_length_weight`` = ``--outcome-length-weight`` (0.5: a faster verified
 success is the better outcome) and spread them with ``credit.outcome_credit`` =
-``--outcome-credit`` (anchored at milestones by default); plain GAE uses no outcome. Each learned manager is finally
+``--outcome-credit`` (anchored at milestones by default) at the blend weight
+``credit.outcome_weight`` = ``--outcome-weight`` (the config's default when not given: 1
+for anchored, 0.5 for episode); plain GAE uses no outcome. Each learned manager is finally
 evaluated on ``--eval-episodes`` held-out task seeds. The oracle's path length, the
 reference for the "learned length ≤ 1.2× oracle" target, is the oracle's on the library
 without danger interrupts or the danger gate on jobs (its fastest: they only make it stop
@@ -213,6 +215,9 @@ def main() -> None:
     parser.add_argument("--outcome-credit", choices=("anchored", "episode"), default="anchored",
                         help="credit.outcome_credit of the milestone-credit managers: the outcome anchored at "
                              "milestones, or every call its episode's group-normalised advantage")
+    parser.add_argument("--outcome-weight", type=float, default=None,
+                        help="credit.outcome_weight of the milestone-credit managers (default: the config's, "
+                             "1 for anchored credit, 0.5 for episode)")
     parser.add_argument("--png", default="sample_efficiency.png")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--eval-episodes", type=int, default=40)
@@ -234,7 +239,7 @@ def main() -> None:
     out: dict[str, Any] = {"benchmark": "sample_efficiency", "env": ENV, "seeds": list(seeds),
                            "iterations": args.iterations, "variants": chosen,
                            "outcome_length_weight": args.outcome_length_weight,
-                           "outcome_credit": args.outcome_credit, "runs": {}}
+                           "outcome_credit": args.outcome_credit, "outcome_weight": args.outcome_weight, "runs": {}}
     out["oracle"] = run_fixed("oracle", 2, 20)
     out["oracle_library"] = run_fixed("oracle_library", 2, 20)
     out["random"] = run_fixed("random", 2, 20)
@@ -248,7 +253,8 @@ def main() -> None:
         return f"{args.progress_dir}/{name}_seed{seed}.json" if args.progress_dir else None
 
     def credit(mode: str) -> dict[str, Any]:
-        blend = {"outcome_length_weight": args.outcome_length_weight, "outcome_credit": args.outcome_credit}
+        blend = {"outcome_length_weight": args.outcome_length_weight, "outcome_credit": args.outcome_credit,
+                 "outcome_weight": args.outcome_weight}
         return {"mode": mode} | (blend if mode == "blend" else {})
 
     futures = {name: [pool.submit(run_gyre, config(name, s, args.iterations, n_agents, credit=credit(mode)),

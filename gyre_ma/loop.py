@@ -239,8 +239,10 @@ class Gyre:
             mode=credit.mode, rewards=rewards, values=values, durations=durations,
             terminated=terminated, truncated=truncated, gamma=credit.gamma, lam=credit.lam,
             milestones=milestones, bootstrap_value=bootstrap, mask=mask, outcomes=outcomes,
-            groups=groups, episode_index=seg.episode, w_max=credit.outcome_weight, std_ref=0.5,
-            outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior, **anchors,
+            groups=groups, episode_index=seg.episode, w_max=credit.blend_weight, std_ref=0.5,
+            outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior,
+            success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
+            w_length=credit.outcome_weight_succeeded, **anchors,
         )
         if self.config.train.objective == "grpo":
             per_episode = group_outcome_advantages(outcomes=outcomes, groups=groups)

@@ -8,7 +8,10 @@ The global term comes in two kinds (``outcome_credit``). ``"episode"``: every ca
 episode gets the episode's group-normalised outcome advantage (GRPO). ``"anchored"``: the
 outcome is credited to the calls whose verified milestones moved the expected outcome
 (:mod:`gyre_ma.credit.anchors`); its anchors are pooled over the batch, so the batch is
-its group and w = w_max whenever the batch's outcomes differ (its credit is 0 otherwise).
+its group: w = 0 when the batch's outcomes are all equal (its credit is 0 then), w = w_max
+when verified success differs within the batch, and w = ``w_length`` when every episode
+succeeded and only the outcome's length term separates them (the local credit, which
+prices each call's time, keeps a share while the policy is refined).
 
 For ``"episode"`` the weight adapts per group. Rule: w = 0 when the group's outcomes are
 all equal (all succeed, all fail, or a group of one — the outcome does not discriminate,
@@ -124,6 +127,8 @@ def option_advantages(
     call_milestones: Tensor | None = None,
     at_end: Tensor | None = None,
     anchor_prior: float = 1.0,
+    success: Tensor | None = None,
+    w_length: float = 0.5,
 ) -> tuple[Tensor, Tensor]:
     """Advantages for the manager and value targets for its critic: ``(advantages, returns)``.
 
@@ -137,7 +142,9 @@ def option_advantages(
       :func:`~gyre_ma.credit.anchors.anchored_outcome_credit` (``std_ref`` and ``groups``
       unused) and it also needs ``verified_at`` [E, M] (step each episode verified each
       milestone, −1 never), ``call_milestones`` [B, T, M] bool (the milestones each call
-      verified) and ``at_end`` [B, T] bool (the calls running when their episode ended).
+      verified) and ``at_end`` [B, T] bool (the calls running when their episode ended);
+      its weight is ``w_max``, or ``w_length`` where ``success`` ([E] bool, verified
+      success) says every episode succeeded.
 
     ``returns`` are always the local λ-returns (A_local + V): the critic learns values,
     not blended advantages. Shapes as in :func:`~gyre_ma.credit.gae.smdp_gae`.
@@ -163,7 +170,8 @@ def option_advantages(
     if outcome_credit == "anchored":
         return _anchored_blend(local=local, outcomes=outcomes, verified_at=verified_at,
                                call_milestones=call_milestones, at_end=at_end, episode_index=episode_index,
-                               mask=mask, w_max=w_max, prior=anchor_prior, eps=eps), returns
+                               mask=mask, w_max=w_max, prior=anchor_prior, eps=eps, success=success,
+                               w_length=w_length), returns
     advantages = blend_advantages(
         local=local,
         outcome_advantages=group_outcome_advantages(outcomes=outcomes, groups=groups, eps=eps),
@@ -176,23 +184,33 @@ def option_advantages(
 
 def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | None, call_milestones: Tensor | None,
                     at_end: Tensor | None, episode_index: Tensor | None, mask: Tensor | None, w_max: float,
-                    prior: float, eps: float) -> Tensor:
-    """(1 − w) · local + w · anchored credit, w = w_max where the batch's outcomes differ."""
+                    prior: float, eps: float, success: Tensor | None, w_length: float) -> Tensor:
+    """(1 − w) · local + w · anchored credit: w = 0 where the batch's outcomes are all equal,
+    ``w_length`` where every episode succeeded (``success``), else ``w_max``."""
     missing = [n for n, x in (("verified_at", verified_at), ("call_milestones", call_milestones),
                               ("at_end", at_end)) if x is None]
     if missing:
         raise ValueError(f"outcome_credit 'anchored' needs verified_at [E, M], call_milestones [B, T, M] "
                          f"and at_end [B, T]; missing {missing}")
     _check_unit("w_max", w_max)
+    _check_unit("w_length", w_length)
     if local.ndim != 2:
         raise ValueError(f"outcome_credit 'anchored' needs [B, T] inputs (a row per agent and episode), "
                          f"got local of shape {tuple(local.shape)}")
     _check_shape("at_end", at_end, local.shape)
+    if success is not None:
+        _check_shape("success", success, outcomes.shape, ref="outcomes")
+        _check_bool("success", success)
     if episode_index is None:
         episode_index = torch.arange(local.shape[0], device=local.device)
     steps, residual = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=prior, eps=eps)
     credit = spread_over_calls(steps=steps, residual=residual, call_milestones=call_milestones, at_end=at_end,
                                episode_index=episode_index)
-    w = w_max if outcomes.numel() and outcomes.max() > outcomes.min() else 0.0
+    if not (outcomes.numel() and outcomes.max() > outcomes.min()):
+        w = 0.0
+    elif success is not None and bool(success.all()):
+        w = w_length
+    else:
+        w = w_max
     blended = (1.0 - w) * local + w * credit.to(local.dtype)
     return blended if mask is None else torch.where(mask, blended, 0.0)

@@ -19,6 +19,12 @@ def test_defaults_validate_and_derived_values_are_properties():
     assert str(cfg.run_dir) == "runs/x"
     with pytest.raises(Exception):
         cfg.train.lr = 1.0  # frozen
+    # the blend weight: the measured default of the outcome credit unless given
+    assert cfg.credit.outcome_weight is None and cfg.credit.blend_weight == 1.0
+    assert parse_config({"credit": {"outcome_credit": "episode"}}).credit.blend_weight == 0.5
+    assert parse_config({"credit": {"outcome_weight": 0.25}}).credit.blend_weight == 0.25
+    with pytest.raises(ConfigError, match=r"'credit.outcome_weight': Input should be less than or equal to 1"):
+        parse_config({"credit": {"outcome_weight": 1.5}})
 
 
 def test_every_field_has_a_docstring():

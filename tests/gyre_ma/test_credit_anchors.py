@@ -103,6 +103,23 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
     assert close(blended, 0.5 * local + 0.5 * torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]]))
     same, _ = option_advantages(mode="blend", outcomes=torch.tensor([1.0, 1.0]), **anchored, **x)
     assert torch.equal(same, local)                                      # nothing to tell apart: local credit
+    # the weight follows what separates the episodes: verified success (w_max), length alone
+    # when every episode succeeded (w_length), nothing (0)
+    credit = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
+    mixed, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x,
+                                 success=torch.tensor([True, False]), w_length=0.25)
+    assert close(mixed, 0.5 * local + 0.5 * credit)
+    faster, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.6]), **anchored, **x,
+                                  success=torch.tensor([True, True]), w_length=0.25)
+    assert close(faster, 0.75 * local + 0.25 * credit)
+    full, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_max": 1.0}),
+                                **x, success=torch.tensor([True, False]))
+    assert close(full, credit)                                           # w = 1: the local term is gone
+    with pytest.raises(ValueError, match=r"success has shape \(3,\); expected \(2,\), the shape of outcomes"):
+        option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x,
+                          success=torch.tensor([True, True, False]))
+    with pytest.raises(ValueError, match="w_length"):
+        option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x, w_length=1.5)
     with pytest.raises(ValueError, match=r"needs verified_at .* missing \['call_milestones', 'at_end'\]"):
         option_advantages(mode="blend", outcomes=torch.tensor([1.0, 0.0]), groups=torch.tensor([0, 1]),
                           outcome_credit="anchored", verified_at=anchored["verified_at"], **x)

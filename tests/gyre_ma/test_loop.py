@@ -188,7 +188,8 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
                                 horizon=torch.tensor([t.horizon for t in trajectories]),
                                 length_weight=cfg.credit.outcome_length_weight)
     assert outcomes.max() > outcomes.min()                      # seed 0's first batch has both (else w = 0)
-    w = cfg.credit.outcome_weight
+    all_won = all(t.success for t in trajectories)  # only the length term separates them: w shrinks
+    w = cfg.credit.outcome_weight_succeeded if all_won else cfg.credit.blend_weight
     assert quiet.any() and (~quiet).any()
     assert torch.allclose(anchored[quiet], (1 - w) * local[quiet], atol=1e-6)
     assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet], atol=1e-6)

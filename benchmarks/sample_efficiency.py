@@ -72,9 +72,10 @@ def steps_to(curve: list[tuple[float, float]], level: float) -> float | None:
 
 
 def run_gyre(cfg: Any, budget_steps: float | None = None, eval_episodes: int = 0,
-             progress: str | None = None) -> dict[str, Any]:
-    """Train ``cfg`` for its iterations (or until ``budget_steps``); ``progress``: a JSON file
-    rewritten every 10 iterations with the curves so far (a long run killed early keeps them)."""
+             progress: str | None = None, stop_at: float | None = None) -> dict[str, Any]:
+    """Train ``cfg`` for its iterations (or until ``budget_steps``, or until a batch's success
+    rate reaches ``stop_at``); ``progress``: a JSON file rewritten every 10 iterations with the
+    curves so far (a long run killed early keeps them)."""
     import torch
 
     from gyre_ma.agents.roles import RolloutTask
@@ -88,7 +89,8 @@ def run_gyre(cfg: Any, budget_steps: float | None = None, eval_episodes: int = 0
         curve.append((m["env_steps"], m["success_rate"]))
         lengths.append(m["episode_length"])
         rewards.append(m["episode_reward"])
-        done = budget_steps is not None and m["env_steps"] >= budget_steps
+        done = ((budget_steps is not None and m["env_steps"] >= budget_steps)
+                or (stop_at is not None and m["success_rate"] >= stop_at))
         if progress and (i % 10 == 9 or done):
             with open(progress, "w") as f:
                 json.dump({"name": cfg.name, "seed": cfg.seed, "curve": curve, "episode_reward": rewards,
@@ -218,6 +220,9 @@ def main() -> None:
     parser.add_argument("--outcome-weight", type=float, default=None,
                         help="credit.outcome_weight of the milestone-credit managers (default: the config's, "
                              "1 for anchored credit, 0.5 for episode)")
+    parser.add_argument("--stop-at", type=float, default=None,
+                        help="stop each manager run at its first batch with this success rate (steps to it "
+                             "only; use with --eval-episodes 0)")
     parser.add_argument("--png", default="sample_efficiency.png")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--eval-episodes", type=int, default=40)
@@ -239,7 +244,8 @@ def main() -> None:
     out: dict[str, Any] = {"benchmark": "sample_efficiency", "env": ENV, "seeds": list(seeds),
                            "iterations": args.iterations, "variants": chosen,
                            "outcome_length_weight": args.outcome_length_weight,
-                           "outcome_credit": args.outcome_credit, "outcome_weight": args.outcome_weight, "runs": {}}
+                           "outcome_credit": args.outcome_credit, "outcome_weight": args.outcome_weight,
+                           "stop_at": args.stop_at, "runs": {}}
     out["oracle"] = run_fixed("oracle", 2, 20)
     out["oracle_library"] = run_fixed("oracle_library", 2, 20)
     out["random"] = run_fixed("random", 2, 20)
@@ -258,7 +264,8 @@ def main() -> None:
         return {"mode": mode} | (blend if mode == "blend" else {})
 
     futures = {name: [pool.submit(run_gyre, config(name, s, args.iterations, n_agents, credit=credit(mode)),
-                                  eval_episodes=args.eval_episodes, progress=progress(name, s))
+                                  eval_episodes=args.eval_episodes, progress=progress(name, s),
+                                  stop_at=args.stop_at)
                       for s in seeds]
                for variant, (name, n_agents, mode) in managers.items() if variant in chosen}
 

@@ -9,6 +9,8 @@ Prints one JSON object; writes a PNG of the learning curves (``--png``).
     python benchmarks/sample_efficiency.py --seeds 3 --iterations 30 --variants milestone,plain --jobs 2
     python benchmarks/sample_efficiency.py --seeds 3 --iterations 30 --variants one_agent,sb3 --jobs 2
     python benchmarks/sample_efficiency.py --seeds 3 --variants flat --flat-budget 1.1e7 --jobs 2 --progress-dir runs/se
+    python benchmarks/sample_efficiency.py --seeds 20 --first-seed 10 --iterations 30 --variants milestone,plain \
+        --stop-at 0.9 --eval-episodes 0 --jobs 2
 
 Flat PPO plays ~2.4k env steps/s per core here (every agent decides every step), SB3 on 16
 envs ~10k: 10x a 1M-step manager budget is about 75 minutes per flat seed.

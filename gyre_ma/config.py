@@ -84,6 +84,11 @@ class CreditConfig(_Section):
     oracle's; 0.5 gave 0.95-1.0 and 1.17×."""
 
     @property
+    def anchored(self) -> bool:
+        """Whether the manager's credit is the blend with milestone-anchored outcome credit."""
+        return self.mode == "blend" and self.outcome_credit == "anchored"
+
+    @property
     def blend_weight(self) -> float:
         """``outcome_weight``, or where it is None the default measured for ``outcome_credit``.
 

@@ -233,8 +233,7 @@ class Gyre:
         credit = self.config.credit
         outcomes = self._outcomes(trajectories)
         groups = torch.tensor([t.task_seed for t in trajectories], dtype=torch.long)
-        anchors = (self._anchor_inputs(trajectories, seg)
-                   if credit.mode == "blend" and credit.outcome_credit == "anchored" else {})
+        anchors = self._anchor_inputs(trajectories, seg) if credit.anchored else {}
         advantages, returns = option_advantages(
             mode=credit.mode, rewards=rewards, values=values, durations=durations,
             terminated=terminated, truncated=truncated, gamma=credit.gamma, lam=credit.lam,
@@ -425,7 +424,7 @@ class Gyre:
         rollout_s = time.perf_counter() - start
         metrics |= rollout_metrics | episode_metrics(trajectories, self.library.graph.names)
         metrics |= self.arbitrate(trajectories)                              # C: verified rewards
-        if self.config.credit.mode == "blend" and self.config.credit.outcome_credit == "anchored":
+        if self.config.credit.anchored:
             metrics |= self.anchor_metrics(trajectories)
         if self.learns and not evaluators:                                   # judge it by its own episodes
             metrics |= self.validate(i, trajectories)

@@ -164,7 +164,7 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     from gyre_ma.rewards.milestones import calls_at_end
 
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", {"train.iterations": 1})
-    assert cfg.credit.mode == "blend" and cfg.credit.outcome_credit == "anchored"
+    assert cfg.credit.mode == "blend" and cfg.credit.outcome_credit == "anchored" and cfg.credit.anchored
     gyre = Gyre(cfg)
     trajectories, _ = gyre.rollout(0)
     gyre.arbitrate(trajectories)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gyre_ma.rollout import Choice, Decision
+from gyre_ma.options.decision import Choice, Decision
 
 
 class RandomManager:

@@ -14,7 +14,8 @@ from gyre_ma.envs.base import NumericView
 from gyre_ma.options.library import OptionLibrary
 
 if TYPE_CHECKING:
-    from gyre_ma.rollout import Decision, OptionCall
+    from gyre_ma.options.decision import Decision
+    from gyre_ma.rollout import OptionCall
 
 
 class StateScaler:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, NumpyForward, StateScaler
-from gyre_ma.rollout import Choice, Decision
+from gyre_ma.options.decision import Choice, Decision
 
 _MASKED = np.float32(np.finfo(np.float32).min)
 """The logit of an ineligible option (as ManagerPolicy.forward masks it)."""
@@ -499,3 +499,59 @@ def make_exploration(kind: NoiseKind, target: AnnealSchedule | float, **kwargs: 
     if kind == "none":
         return NoNoise()
     raise ValueError(f"noise kind must be none, param, epsilon or temperature; got {kind!r}")
+
+
+NOISY_ROLES: tuple[str, ...] = ("explorer", "executor")
+"""The roles whose episodes are perturbed (the evaluator plays greedy and noise-free)."""
+
+
+class RoleNoise:
+    """The learner's exploration per role (e.g. a large, slowly annealed δ for explorers
+    and a small one for executors): settings for the next tasks, one update per iteration."""
+
+    def __init__(self, noises: Mapping[str, Exploration]) -> None:
+        unknown = [r for r in noises if r not in NOISY_ROLES]
+        if unknown:
+            raise ValueError(f"noise for unknown roles {unknown}; roles with noise are {list(NOISY_ROLES)}")
+        self.noises = dict(noises)
+
+    def settings(self) -> dict[str, NoiseSetting]:
+        return {role: noise.setting() for role, noise in self.noises.items()}
+
+    def observe(self, features: torch.Tensor, agent: torch.Tensor, mask: torch.Tensor) -> None:
+        """Recent decision states (a batch's FEATURES, AGENT, MASK) the distances are measured on."""
+        for noise in self.noises.values():
+            noise.observe(features, agent, mask)
+
+    def update(self, policy: ManagerPolicy) -> dict[str, float]:
+        """Adapt and anneal every role's noise; metrics as ``noise/<role>/<name>``."""
+        out: dict[str, float] = {}
+        for role, noise in self.noises.items():
+            noise.update(policy)
+            out |= noise.metrics(f"noise/{role}")
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for role, noise in self.noises.items():
+            out |= noise.metrics(f"noise/{role}")
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {role: noise.state_dict() for role, noise in self.noises.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for role, noise in self.noises.items():
+            if role in state:
+                noise.load_state_dict(state[role])
+
+
+def role_exploration(noise: Any, *, iterations: int, seed: int) -> Exploration:
+    """A role's exploration from its :class:`~gyre_ma.config.NoiseConfig`: parameter
+    noise, or the action-noise ablation; the anneal spans ``iterations`` unless the config
+    sets its own."""
+    schedule = AnnealSchedule(noise.start, noise.end, noise.anneal_iterations or iterations, noise.schedule)
+    if noise.kind == "param":
+        return ParamNoise(schedule, initial_sigma=noise.initial_sigma, adaptation=noise.adaptation,
+                          adapt_steps=noise.adapt_steps, window=noise.window, seed=seed)
+    return make_exploration(noise.kind, schedule, window=noise.window)

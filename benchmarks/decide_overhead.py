@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from gyre_ma.agents.noise import NoisyManager
-from gyre_ma.agents.roles import RolloutKit, RolloutTask
+from gyre_ma.backends.worker import RolloutKit
 from gyre_ma.config import parse_config
-from gyre_ma.rollout import Decision
+from gyre_ma.options.decision import Decision
+from gyre_ma.roles import RolloutTask
 
 
 def kit(hidden: int) -> RolloutKit:

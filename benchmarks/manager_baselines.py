@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from gyre_ma.agents.baselines import RandomManager
-from gyre_ma.rollout import Choice, Decision, Manager, Trajectory, run_episode
+from gyre_ma.checks import manager_rates
+from gyre_ma.options.decision import Choice, Decision, Manager
+from gyre_ma.rollout import Trajectory, run_episode
 
 
 def _summary(trajs: Sequence[Trajectory], seconds: float) -> dict[str, Any]:
@@ -110,10 +112,14 @@ class _RandomWithUpkeep:
 
 def workflow_v0(seeds: int) -> dict[str, Any]:
     """Default workflow_v0 (three agents, 480 steps): oracle vs random eligible order."""
-    from gyre_ma.envs.workflow.oracle import baseline_rates
+    from gyre_ma.envs.workflow.options import make_library
+    from gyre_ma.envs.workflow.oracle import OracleManager
+    from gyre_ma.envs.workflow.workflow import parallel_env
 
     start = time.perf_counter()
-    rates = baseline_rates(n_seeds=seeds)
+    library = make_library()
+    rates = manager_rates(parallel_env(), library, {"oracle": lambda _: OracleManager(library=library),
+                                                    "random": lambda seed: RandomManager(seed=seed)}, seeds=seeds)
     return {"config": "default", "seeds": seeds, **rates, "seconds": round(time.perf_counter() - start, 2)}
 
 

@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 
 from gyre_ma.agents.noise import NoiseSetting
-from gyre_ma.agents.roles import RolloutTask, policy_weights
 from gyre_ma.backends import make_backend
+from gyre_ma.backends.worker import policy_weights
 from gyre_ma.config import parse_config
+from gyre_ma.roles import RolloutTask
 
 
 def config(env_id: str, manager: str, env_kwargs: dict[str, Any]) -> Any:

@@ -80,7 +80,7 @@ def run_gyre(cfg: Any, budget_steps: float | None = None, eval_episodes: int = 0
     curves so far (a long run killed early keeps them)."""
     import torch
 
-    from gyre_ma.agents.roles import RolloutTask
+    from gyre_ma.roles import RolloutTask
 
     torch.set_num_threads(1)  # one process per core: --jobs runs side by side without oversubscribing
     gyre = Gyre(cfg)

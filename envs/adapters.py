@@ -29,7 +29,7 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import aec_to_parallel, turn_based_aec_to_parallel
 
 from gyre_ma.envs.base import NumericView
-from gyre_ma.envs.testing import describe
+from gyre_ma.envs.checks import describe
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import reference, resolve
 

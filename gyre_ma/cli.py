@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gyre_ma.config import ExperimentConfig, load_config
-from gyre_ma.yaml_file import read_yaml
+from gyre_ma.options.yaml_file import read_yaml
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -158,10 +158,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from gyre_ma.agents.roles import RolloutTask
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import parse_config
     from gyre_ma.loop import Gyre, episode_metrics
+    from gyre_ma.roles import RolloutTask
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gyre_ma.options.yaml_file import read_yaml
 from gyre_ma.rewards.arbiter import RewardConfig
-from gyre_ma.yaml_file import read_yaml
 
 
 class ConfigError(ValueError):

@@ -14,17 +14,9 @@ import torch
 
 from gyre_ma import batch as B
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy
-from gyre_ma.agents.noise import AnnealSchedule, ParamNoise, make_exploration
-from gyre_ma.agents.roles import (
-    Evaluator,
-    RoleNoise,
-    RolloutKit,
-    RolloutTask,
-    iteration_tasks,
-    policy_weights,
-    validation_tasks,
-)
+from gyre_ma.agents.noise import RoleNoise, role_exploration
 from gyre_ma.backends import make_backend
+from gyre_ma.backends.worker import RolloutKit, policy_weights
 from gyre_ma.buffer import TrajectoryBuffer, TrajectoryStore
 from gyre_ma.checkpoints import (
     CheckpointManager,
@@ -41,6 +33,7 @@ from gyre_ma.curriculum import PHASES, Curriculum
 from gyre_ma.envs.registry import make_oracle
 from gyre_ma.rewards.milestones import calls_at_end, last_calls
 from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
+from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, validation_tasks
 from gyre_ma.rollout import OptionCall, Trajectory, run_episode
 from gyre_ma.staleness import filter_stale
 from gyre_ma.trainers.critic import CriticModule
@@ -94,9 +87,9 @@ class Gyre:
         self.generator = torch.Generator().manual_seed(config.seed)
         noises = {}  # only for roles that play episodes: param noise measures its distance every iteration
         if r.explorers:
-            noises["explorer"] = _exploration(r.explorer_noise, t.iterations, config.seed)
+            noises["explorer"] = role_exploration(r.explorer_noise, iterations=t.iterations, seed=config.seed)
         if r.executors:
-            noises["executor"] = _exploration(r.executor_noise, t.iterations, config.seed + 1)
+            noises["executor"] = role_exploration(r.executor_noise, iterations=t.iterations, seed=config.seed + 1)
         self.noise = RoleNoise(noises)
         self.backend = _backend(config)
         self.verifier = kit if r.verify_elite and r.explorers else None
@@ -508,15 +501,6 @@ class Gyre:
             raise ValueError(f"cannot resume: {str(run_dir)!r} has no latest checkpoint")
         gyre.load_state_dict(gyre.checkpoints.load("latest"))
         return gyre
-
-
-def _exploration(n: Any, iterations: int, seed: int) -> Any:
-    """A role's exploration from its NoiseConfig: parameter noise, or the action-noise ablation."""
-    schedule = AnnealSchedule(n.start, n.end, n.anneal_iterations or iterations, n.schedule)
-    if n.kind == "param":
-        return ParamNoise(schedule, initial_sigma=n.initial_sigma, adaptation=n.adaptation,
-                          adapt_steps=n.adapt_steps, window=n.window, seed=seed)
-    return make_exploration(n.kind, schedule, window=n.window)
 
 
 def _backend(config: ExperimentConfig) -> Any:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from torch.utils.tensorboard import SummaryWriter
 
 

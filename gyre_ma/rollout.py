@@ -8,43 +8,16 @@ choice becomes an :class:`OptionCall`; an episode becomes a :class:`Trajectory`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from gyre_ma.envs.base import GyreEnv
+from gyre_ma.options.decision import Decision, Manager
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option, OptionContext, Termination
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One agent needing a new option. ``env`` is the env being stepped (planners read it;
-    adapters expose the wrapped env's internals as ``env.unwrapped``)."""
-
-    agent: str
-    agent_index: int
-    observation: Any
-    mask: np.ndarray
-    achieved: frozenset[str]
-    last_option: int
-    time_fraction: float
-    env: Any
-
-
-@dataclass(frozen=True)
-class Choice:
-    option: int
-    log_prob: float = 0.0
-    value: float = 0.0
-
-
-class Manager(Protocol):
-    """Chooses options for a batch of simultaneous decisions (one per agent)."""
-
-    def decide(self, decisions: Sequence[Decision]) -> list[Choice]: ...
 
 
 @dataclass

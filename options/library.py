@@ -12,7 +12,7 @@ import yaml
 
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.option import Option, OptionContext
-from gyre_ma.yaml_file import read_yaml
+from gyre_ma.options.yaml_file import read_yaml
 
 _OPTION_KEYS = {
     "name", "milestone", "policy", "initiation", "done", "failure", "max_steps", "repeatable",

@@ -22,10 +22,16 @@ from collections.abc import Sequence
 import networkx as nx
 
 from gyre_ma.envs.techtree.techtree import (
-    DRINK_V, ENERGY_V, FOOD, FOOD_V, ITEM_INDEX, WATER_I, TechTreeEnv,
+    DRINK_V,
+    ENERGY_V,
+    FOOD,
+    FOOD_V,
+    ITEM_INDEX,
+    WATER_I,
+    TechTreeEnv,
 )
+from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.library import OptionLibrary
-from gyre_ma.rollout import Choice, Decision
 
 _CHAIN = (
     "collect_wood", "place_table", "make_wood_pickaxe", "collect_stone", "make_stone_pickaxe",

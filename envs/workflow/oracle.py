@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from gyre_ma.envs.base import unwrap
+from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
-from gyre_ma.rollout import Choice, Decision
 
 
 def needed_milestones(graph: TaskGraph, achieved: frozenset[str], goal: str | None = None) -> set[str]:
@@ -90,26 +88,3 @@ class OracleManager:
                     choice = self._wait
             out.append(Choice(int(choice)))
         return out
-
-
-def baseline_rates(n_seeds: int = 100, **env_kwargs) -> dict[str, float]:
-    """Success rate and mean episode length (primitive steps) of the oracle and of the
-    random eligible-order manager over seeds ``0 .. n_seeds-1``."""
-    from gyre_ma.agents.baselines import RandomManager
-    from gyre_ma.envs.workflow.options import make_library
-    from gyre_ma.envs.workflow.workflow import parallel_env
-    from gyre_ma.rollout import run_episode
-
-    library = make_library()
-    env = parallel_env(**env_kwargs)
-    out: dict[str, float] = {}
-    for name in ("oracle", "random"):
-        wins, lengths = [], []
-        for seed in range(n_seeds):
-            manager = OracleManager(library=library) if name == "oracle" else RandomManager(seed=seed)
-            traj = run_episode(env, library, manager, seed=seed)
-            wins.append(traj.success)
-            lengths.append(traj.length)
-        out[f"{name}_success"] = float(np.mean(wins))
-        out[f"{name}_mean_length"] = float(np.mean(lengths))
-    return out

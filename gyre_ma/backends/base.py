@@ -1,7 +1,7 @@
 """The rollout backend interface: where episodes are played, behind one Protocol.
 
-A backend plays :class:`~gyre_ma.agents.roles.RolloutTask` s with given policy weights
-and returns whole :class:`~gyre_ma.agents.roles.RoleTrajectory` s, each carrying the
+A backend plays :class:`~gyre_ma.roles.RolloutTask` s with given policy weights
+and returns whole :class:`~gyre_ma.roles.RoleTrajectory` s, each carrying the
 policy version that produced it. Synchronous use is :meth:`Backend.collect`; the async
 loop :meth:`~Backend.submit` s work and :meth:`~Backend.poll` s finished episodes while
 the learner updates — tasks are bound to the weights they were submitted with, and
@@ -17,7 +17,8 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from gyre_ma.agents.roles import RolloutTask, RoleTrajectory, Weights
+from gyre_ma.backends.worker import Weights
+from gyre_ma.roles import RoleTrajectory, RolloutTask
 
 TaskLike = RolloutTask | tuple[str, int] | tuple[str, int, int]
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from gyre_ma.agents.roles import Role, RolloutTask, RolloutWorker, RoleTrajectory, Weights
 from gyre_ma.backends.base import TaskLike, coerce_tasks
+from gyre_ma.backends.worker import RolloutWorker, Weights
+from gyre_ma.roles import Role, RoleTrajectory, RolloutTask
 
 
 def snapshot(weights: Weights | None) -> dict[str, dict[str, Any]] | None:

@@ -38,8 +38,9 @@ from typing import Any
 import ray
 import torch
 
-from gyre_ma.agents.roles import ROLES, Role, RolloutTask, RolloutWorker, RoleTrajectory, Weights
 from gyre_ma.backends.base import TaskLike, coerce_tasks
+from gyre_ma.backends.worker import RolloutWorker, Weights
+from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask
 
 WORKER_ID_ENV = "GYRE_MA_WORKER_ID"
 """Set in each actor's process to its worker index (fault injection and logs read it)."""

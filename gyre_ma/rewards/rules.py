@@ -37,11 +37,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gyre_ma.envs.base import unwrap
+from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import resolve
+from gyre_ma.options.yaml_file import read_yaml
 from gyre_ma.rewards.milestones import first_verified, last_calls
-from gyre_ma.rollout import Choice, Decision, OptionCall, Trajectory
-from gyre_ma.yaml_file import read_yaml
+from gyre_ma.rollout import OptionCall, Trajectory
 
 log = logging.getLogger("gyre_ma.rewards")
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy
 from gyre_ma.agents.noise import NoisyManager
 from gyre_ma.envs.minigrid_doorkey import make_env, make_library
-from gyre_ma.rollout import Decision
+from gyre_ma.options.decision import Decision
 
 
 @settings(max_examples=60, deadline=None)

@@ -23,7 +23,7 @@ from gyre_ma.agents.noise import (
     masked_kl,
     perturb,
 )
-from gyre_ma.rollout import Decision
+from gyre_ma.options.decision import Decision
 
 F, K, A = 8, 6, 2
 

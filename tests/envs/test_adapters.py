@@ -16,10 +16,11 @@ from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium, from_pettingzoo
 from gyre_ma.envs.base import GyreEnv, unwrap
 from gyre_ma.envs.minigrid_doorkey import has_key, make_env, make_library
+from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option, OptionContext
-from gyre_ma.rollout import Choice, Decision, run_episode
+from gyre_ma.rollout import run_episode
 
 CHAIN = ("has_key", "door_open", "reached_goal")
 

@@ -6,17 +6,23 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from pettingzoo.test import (
-    api_test, max_cycles_test, parallel_api_test, parallel_seed_test, seed_test,
+    api_test,
+    max_cycles_test,
+    parallel_api_test,
+    parallel_seed_test,
+    seed_test,
 )
 
 from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.checks import manager_rates
 from gyre_ma.envs import workflow_v0
 from gyre_ma.envs.base import GyreEnv
 from gyre_ma.envs.workflow import workflow as wf
 from gyre_ma.envs.workflow.options import make_library
-from gyre_ma.envs.workflow.oracle import OracleManager, baseline_rates, needed_milestones
+from gyre_ma.envs.workflow.oracle import OracleManager, needed_milestones
+from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.library import resolve
-from gyre_ma.rollout import Choice, Decision, run_episode
+from gyre_ma.rollout import run_episode
 
 
 def calm_env(seed: int = 0, **kwargs) -> wf.WorkflowEnv:
@@ -307,7 +313,10 @@ def test_milestone_rewards_follow_the_graph() -> None:
 
 # ---------------------------------------------------------------------------- managers
 def test_oracle_beats_random() -> None:
-    rates = baseline_rates(n_seeds=100)
+    library = make_library()
+    rates = manager_rates(workflow_v0.parallel_env(), library, {"oracle": lambda _: OracleManager(library=library),
+                                                               "random": lambda seed: RandomManager(seed=seed)},
+                          seeds=100)
     assert rates["oracle_success"] >= 0.95, rates
     assert rates["random_success"] <= 0.30, rates
     assert 200 <= rates["oracle_mean_length"] <= 600, rates

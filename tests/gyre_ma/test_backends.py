@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre_ma.agents.noise import NoiseSetting
-from gyre_ma.agents.roles import RoleTrajectory, RolloutTask, iteration_tasks, policy_weights
 from gyre_ma.backends import Backend, make_backend
+from gyre_ma.backends.faults import arm_faults, tokens_left
 from gyre_ma.backends.local import LocalBackend
 from gyre_ma.backends.ray import _Job
-from gyre_ma.backends.testing import arm_faults, tokens_left
+from gyre_ma.backends.worker import policy_weights
 from gyre_ma.config import parse_config
+from gyre_ma.roles import RoleTrajectory, RolloutTask, iteration_tasks
 from gyre_ma.rollout import Trajectory
 from gyre_ma.staleness import filter_stale
 
@@ -33,7 +34,7 @@ def fingerprint(t: Trajectory) -> tuple:
 def faulty_config(fault_dir, at_step=5):
     return parse_config({
         "seed": 0,
-        "env": {"id": "gyre_ma.backends.testing:faulty_env",
+        "env": {"id": "gyre_ma.backends.faults:faulty_env",
                 "kwargs": {"fault_dir": str(fault_dir), "at_step": at_step}},
         "library": "gyre_ma.envs.workflow.options:make_library",
         "manager": {"hidden": 16},
@@ -88,7 +89,7 @@ def test_staleness_filter_rejects_data_from_the_future_and_negative_bounds():
 
 # ------------------------------------------------------------------------ local backend
 def test_importing_gyre_ma_does_not_import_ray():
-    code = ("import sys, gyre_ma, gyre_ma.backends, gyre_ma.backends.local, gyre_ma.agents.roles, gyre_ma.loop; "
+    code = ("import sys, gyre_ma, gyre_ma.backends, gyre_ma.backends.local, gyre_ma.roles, gyre_ma.loop; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

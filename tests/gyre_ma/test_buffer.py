@@ -191,8 +191,8 @@ def test_store_is_single_writer(tmp_path):
 
 def test_real_workflow_episodes_round_trip_through_the_store(tmp_path):
     from gyre_ma.envs import workflow_v0
-    from gyre_ma.envs.workflow.oracle import OracleManager
     from gyre_ma.envs.workflow.options import make_library
+    from gyre_ma.envs.workflow.oracle import OracleManager
 
     env = StepRecorder(workflow_v0.parallel_env())
     library, oracle = make_library(), OracleManager()

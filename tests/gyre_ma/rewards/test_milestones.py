@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre_ma.envs.workflow.oracle import OracleManager
-from gyre_ma.envs.workflow.options import make_library
-from gyre_ma.envs.workflow.workflow import parallel_env
 from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.envs.workflow.options import make_library
+from gyre_ma.envs.workflow.oracle import OracleManager
+from gyre_ma.envs.workflow.workflow import parallel_env
 from gyre_ma.rewards.milestones import calls_at_end, covers, first_verified, last_calls, milestone_rewards
 from gyre_ma.rollout import run_episode
 

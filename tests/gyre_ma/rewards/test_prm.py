@@ -7,8 +7,8 @@ import torch
 
 from gyre_ma import batch as B
 from gyre_ma.agents.baselines import RandomManager
-from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.options import make_library
+from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.workflow import parallel_env
 from gyre_ma.rewards.drift import auc
 from gyre_ma.rewards.milestones import first_verified

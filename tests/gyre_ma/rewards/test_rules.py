@@ -6,8 +6,8 @@ import warnings
 import pytest
 
 from gyre_ma.agents.baselines import RandomManager
-from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.options import make_library
+from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.workflow import parallel_env
 from gyre_ma.rewards.rules import (
     BrokenRuleWarning,

@@ -7,21 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from gyre_ma.agents.noise import NO_NOISE, ActionNoise, AnnealSchedule, NoiseSetting, ParamNoise
-from gyre_ma.agents.roles import (
+from gyre_ma.agents.noise import NO_NOISE, ActionNoise, AnnealSchedule, NoiseSetting, ParamNoise, RoleNoise
+from gyre_ma.backends.worker import RolloutKit, RolloutWorker, policy_weights
+from gyre_ma.config import load_config, parse_config
+from gyre_ma.roles import (
     Evaluator,
     Explorer,
-    RoleNoise,
-    RolloutKit,
-    RolloutTask,
-    RolloutWorker,
     RoleTrajectory,
+    RolloutTask,
     iteration_tasks,
     milestone_score,
-    policy_weights,
     validation_tasks,
 )
-from gyre_ma.config import load_config, parse_config
 from gyre_ma.rollout import Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]

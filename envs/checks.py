@@ -85,6 +85,7 @@ def check_env(
     seeds: Sequence[int] = (0, 1),
     n_steps: int = 200,
     library: OptionLibrary | None = None,
+    drive: Callable[[ParallelEnv, int, int], Any] | None = None,
     module: ModuleType | None = None,
     pettingzoo_tests: bool = True,
 ) -> EnvCheckReport:
@@ -92,10 +93,12 @@ def check_env(
 
     ``env`` is a factory returning a fresh environment (preferred: the seed tests need two
     fresh instances) or an instance, which is deep-copied for them. For every seed, one
-    episode of at most ``n_steps`` steps is driven by random actions — or, with
-    ``library``, by its options under a seeded random manager, which reaches milestones
-    random actions rarely do — checking every reset and step; then the same seed and
-    actions are replayed and must give the same milestones. ``module`` (one that exposes
+    episode of at most ``n_steps`` steps is driven by random actions — or by
+    ``drive(env, seed, n_steps)``, which plays one episode on the env it is given
+    (:func:`gyre_ma.checks.check_setup` drives it by an option library under a seeded
+    random manager, which reaches milestones random actions rarely do) — checking every
+    reset and step; then the same seed and actions are replayed and must give the same
+    milestones. ``library`` checks that the library is built on the env's task graph. ``module`` (one that exposes
     ``env(max_cycles=...)`` and ``parallel_env(max_cycles=...)``) adds PettingZoo's
     ``max_cycles_test``.
     """
@@ -113,13 +116,10 @@ def check_env(
     steps, seen = 0, set()
     for seed in seeds:
         first = _Probe(instance, graph, verifiers, seed)
-        if library is None:
+        if drive is None:
             _random_episode(first, seed, n_steps)
         else:
-            from gyre_ma.agents.baselines import RandomManager
-            from gyre_ma.rollout import run_episode
-
-            run_episode(first, library, RandomManager(seed), seed=seed, max_steps=n_steps)
+            drive(first, seed, n_steps)
         replay = _Probe(instance, graph, verifiers, seed, expected=first.trace)
         _replay(replay, seed, first.trace.actions)
         steps += len(first.trace.actions) + len(replay.trace.actions)
@@ -543,7 +543,11 @@ def _check_max_cycles(factory: Callable[[], Any], seed: int) -> None:
 
 def _pettingzoo_tests(factory: Callable[[], Any], n_steps: int, module: ModuleType | None) -> list[str]:
     from pettingzoo.test import (
-        api_test, max_cycles_test, parallel_api_test, parallel_seed_test, seed_test,
+        api_test,
+        max_cycles_test,
+        parallel_api_test,
+        parallel_seed_test,
+        seed_test,
     )
     from pettingzoo.utils.conversions import parallel_to_aec
 

@@ -98,6 +98,6 @@ class FaultyEnv:
 
 
 def faulty_env(*, base: str = "workflow_v0", fault_dir: str, at_step: int = 5, **kwargs: Any) -> FaultyEnv:
-    """``env.id: gyre_ma.backends.testing:faulty_env`` with ``env.kwargs`` {base, fault_dir,
+    """``env.id: gyre_ma.backends.faults:faulty_env`` with ``env.kwargs`` {base, fault_dir,
     at_step, ...the base env's own kwargs}; set ``library`` to the base env's library."""
     return FaultyEnv(make_env(base, **kwargs), fault_dir=fault_dir, at_step=at_step)

@@ -65,7 +65,7 @@ def experiment_config(name: str, seed: int, episodes: int, group_size: int, alar
     return parse_config({
         "name": f"reward_hacking_{name}", "seed": seed, "env": {"id": "workflow_v0"},
         "credit": {"outcome_weight": outcome_weight},
-        "train": {"episodes_per_iteration": episodes, "group_size": group_size, "lr": 1e-3,
+        "train": {"episodes_per_iteration": episodes, "lr": 1e-3,
                   "minibatch_size": 128},
         "roles": {"explorers": 0, "executors": group_size, "evaluators": 0},
         "rewards": variant(name, alarm_window),

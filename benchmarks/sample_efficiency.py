@@ -48,7 +48,7 @@ from gyre_ma.loop import Gyre
 from gyre_ma.rollout import run_episode
 
 ENV = {"id": "techtree_v0", "kwargs": {"milestone_rewards": True}}
-TRAIN = {"episodes_per_iteration": 16, "group_size": 4, "minibatch_size": 256, "epochs": 4, "lr": 1e-3,
+TRAIN = {"episodes_per_iteration": 16, "minibatch_size": 256, "epochs": 4, "lr": 1e-3,
          "lr_schedule": "linear", "lr_final": 0.1, "entropy_coef": 0.003}
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from minigrid.core.actions import Actions
-from minigrid.core.constants import DIR_TO_VEC
-from minigrid.core.world_object import Door, Goal, Key
+try:
+    from minigrid.core.actions import Actions
+    from minigrid.core.constants import DIR_TO_VEC
+    from minigrid.core.world_object import Door, Goal, Key
+except ImportError as exc:  # an optional dependency: say which extra brings it
+    raise ImportError(f"the MiniGrid example needs the minigrid package ({exc}); "
+                      "install it with: pip install 'gyre-ma[minigrid]'") from exc
 
 from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium
 from gyre_ma.options.graph import TaskGraph

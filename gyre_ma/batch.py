@@ -1,4 +1,4 @@
-"""The one vocabulary of batch keys, and tensors built from option calls."""
+"""The one vocabulary of batch keys, and minibatches of a batch."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import re
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -345,14 +345,34 @@ class CheckpointManager:
             raise ValueError(f"checkpoint slot {slot!r} does not exist; expected one of {list(SLOTS)}")
 
     # ----------------------------------------------------------- save / load
-    def save(self, slot: Slot, state: Mapping[str, Any], *, step: int | None = None,
+    def save(self, slots: Slot | Sequence[Slot], state: Mapping[str, Any], *, step: int | None = None,
              metrics: Mapping[str, float] | None = None) -> Path:
-        """Write ``state`` (any nested storable state, see :func:`to_storable`) to ``slot``."""
-        self._check_slot(slot)
+        """Write ``state`` (any nested storable state, see :func:`to_storable`) to one slot or
+        several, serialised and hashed once; returns the first slot's file."""
+        slots = (slots,) if isinstance(slots, str) else tuple(slots)
+        for slot in slots:
+            self._check_slot(slot)
         buf = io.BytesIO()
         torch.save(to_storable(dict(state)), buf)
         data = buf.getvalue()
         digest = hashlib.sha256(data).hexdigest()
+        paths = [self._put(slot, data, digest, step=step, metrics=metrics) for slot in slots]
+        return paths[0]
+
+    def promote(self, source: Slot, target: Slot, *, step: int | None = None,
+                metrics: Mapping[str, float] | None = None) -> Path:
+        """Copy ``source``'s file to ``target`` as it is: nothing re-serialised or re-hashed."""
+        self._check_slot(target)
+        record = self._manifest["slots"].get(source) if source in SLOTS else None
+        if record is None:
+            raise ValueError(f"cannot copy checkpoint slot {source!r} to {target!r}: {source!r} is empty "
+                             f"in {str(self.directory)!r}")
+        data = (self.directory / record["file"]).read_bytes()
+        return self._put(target, data, record["sha256"], step=step, metrics=metrics)
+
+    def _put(self, slot: Slot, data: bytes, digest: str, *, step: int | None,
+             metrics: Mapping[str, float] | None) -> Path:
+        """Write ``data`` as ``slot``'s new file, then the manifest, then drop the old file."""
         name = f"{slot}-{digest[:16]}.pt"
         old = self._manifest["slots"].get(slot, {}).get("file")
         _atomic_write(self.directory / name, data)
@@ -400,23 +420,30 @@ class CheckpointManager:
                 return True
         return False
 
-    def after_update(self, pre_update_state: Mapping[str, Any], *, kl: float | None = None,
+    def after_update(self, pre_update_state: Mapping[str, Any] | None, *, kl: float | None = None,
                      step_size: float | None = None, step: int | None = None) -> bool:
-        """Keep ``pre_update_state`` (taken before the update) in ``pre_update`` if the
-        update was large; return whether it was."""
+        """Keep the state from before the update in ``pre_update`` if the update was large;
+        return whether it was. ``pre_update_state`` None: it is the one in ``latest`` (the
+        learner saves ``latest`` at the end of every iteration, before the next update), which
+        is copied as it is."""
         large = self.is_large_update(kl=kl, step_size=step_size)
         if large:
             metrics = {k: v for k, v in (("kl", kl), ("step_size", step_size)) if v is not None}
-            self.save("pre_update", pre_update_state, step=step, metrics=metrics)
+            if pre_update_state is None:
+                self.promote("latest", "pre_update", step=step, metrics=metrics)
+            else:
+                self.save("pre_update", pre_update_state, step=step, metrics=metrics)
         return large
 
     # ----------------------------------------------------------- validation and rollback
-    def validate(self, score: float, state: Mapping[str, Any], *, step: int | None = None) -> ValidationDecision:
-        """Record a validation score for the current ``state``.
+    def validate(self, score: float, state: Mapping[str, Any] | None, *,
+                 step: int | None = None) -> ValidationDecision:
+        """Record a validation score for the judged ``state``.
 
-        Better than the best → ``best`` and ``latest`` ← state. Worse than the best by more
+        Better than the best → ``best`` ← state (and ``latest``). Worse than the best by more
         than ``rollback_threshold`` (or non-finite) → rollback to ``best``. Otherwise
-        ``latest`` ← state.
+        ``latest`` ← state. ``state`` None: the judged state is the one in ``latest``; it is
+        copied to ``best`` as it is, and ``latest`` is left to the caller.
         """
         score = float(score)
         best = self.best_score
@@ -424,19 +451,20 @@ class CheckpointManager:
         if math.isfinite(score) and (best is None or sign * (score - best) > 0):
             self._manifest["best_score"] = score  # written with the best slot, atomically
             try:
-                self.save("best", state, step=step, metrics={"score": score})
+                if state is None:
+                    self.promote("latest", "best", step=step, metrics={"score": score})
+                else:
+                    self.save(("best", "latest"), state, step=step, metrics={"score": score})
             except BaseException:
                 self._manifest["best_score"] = best
                 raise
-            self.save("latest", state, step=step, metrics={"score": score})
             return ValidationDecision("improved", score, score, self.lr_scale)
         if best is not None and (not math.isfinite(score) or sign * (best - score) > self.rollback_threshold):
             worse = "<" if self.higher_is_better else ">"
             reason = f"validation {score:.4g} {worse} best {best:.4g} by more than {self.rollback_threshold:g}"
             return self.rollback(reason=reason, step=step, score=score)
-        if not math.isfinite(score):  # no best yet: keep nothing from a broken state
-            return ValidationDecision("kept", score, best, self.lr_scale)
-        self.save("latest", state, step=step, metrics={"score": score})
+        if math.isfinite(score) and state is not None:  # no best yet: keep nothing from a broken state
+            self.save("latest", state, step=step, metrics={"score": score})
         return ValidationDecision("kept", score, best, self.lr_scale)
 
     def rollback(self, *, reason: str, step: int | None = None, score: float | None = None,

@@ -6,15 +6,14 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gyre_ma.config import ExperimentConfig, load_config
-from gyre_ma.options.yaml_file import read_yaml
+if TYPE_CHECKING:  # the commands import what they use, so --help needs neither numpy nor torch
+    from gyre_ma.config import ExperimentConfig
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -26,8 +25,10 @@ class UsageError(ValueError):
 
 def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]:
     """A config YAML, a library YAML, or ``module:callable`` → (OptionLibrary, config)."""
+    from gyre_ma.config import load_config
     from gyre_ma.envs.registry import make_env, make_library
     from gyre_ma.options.library import OptionLibrary
+    from gyre_ma.options.yaml_file import read_yaml
 
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
@@ -93,6 +94,7 @@ def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
+    import numpy as np
     from rich.progress import (
         BarColumn,
         Progress,
@@ -102,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
 
     from gyre_ma.checkpoints import save_checkpoint
-    from gyre_ma.config import dump_config
+    from gyre_ma.config import dump_config, load_config
     from gyre_ma.loop import Gyre
     from gyre_ma.monitor import Monitor
 
@@ -134,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                      steps=gyre.env_steps, success="—")
             for i in range(first, config.train.iterations):
                 metrics, trajectories = gyre.iteration(i, return_trajectories=True)
-                monitor.log(metrics, step=i)
+                monitor.log(metrics, step=int(metrics["env_steps"]))  # iteration is a column
                 monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
                 progress.update(task, advance=1, steps=int(metrics["env_steps"]),
                                 success=f"{metrics['success_rate']:.0%}")
@@ -160,7 +162,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import parse_config
-    from gyre_ma.loop import Gyre, episode_metrics
+    from gyre_ma.loop import Gyre
+    from gyre_ma.metrics import episode_metrics
     from gyre_ma.roles import RolloutTask
 
     if args.episodes < 1:

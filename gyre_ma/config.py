@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gyre_ma.options.yaml_file import read_yaml
 from gyre_ma.rewards.arbiter import RewardConfig
@@ -107,8 +107,6 @@ class TrainConfig(_Section):
     """Gyre iterations (rollout → segment → score → update)."""
     episodes_per_iteration: int = Field(8, ge=1)
     """Episodes collected per iteration (grouped by task seed for the outcome advantage)."""
-    group_size: int = Field(4, ge=1)
-    """Episodes that share a task seed within an iteration."""
     lr: float = Field(3e-4, gt=0.0, le=1.0)
     """Manager learning rate."""
     critic_lr: float = Field(1e-3, gt=0.0, le=1.0)
@@ -133,18 +131,13 @@ class TrainConfig(_Section):
     max_steps: int | None = Field(None, ge=1)
     """Primitive step cap per episode; defaults to the environment's ``max_cycles``."""
 
-    @model_validator(mode="after")
-    def _groups_fit(self) -> TrainConfig:
-        if self.episodes_per_iteration % self.group_size:
-            raise ValueError(
-                f"`episodes_per_iteration` ({self.episodes_per_iteration}) must be a multiple "
-                f"of `group_size` ({self.group_size})"
-            )
-        return self
-
-    @property
-    def groups_per_iteration(self) -> int:
-        return self.episodes_per_iteration // self.group_size
+    @model_validator(mode="before")
+    @classmethod
+    def _group_size_is_derived(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "group_size" in data:
+            raise ValueError("`group_size` is not a key: a group is the episodes sharing a task seed, one per "
+                             "explorer and executor (`roles.explorers` + `roles.executors`); remove it")
+        return data
 
     def lr_factor(self, iteration: int) -> float:
         """The schedule's multiplier of the learning rates at ``iteration``."""
@@ -175,8 +168,12 @@ class BufferConfig(_Section):
     max_staleness: int | None = Field(1, ge=0)
     """Drop fresh trajectories older than this many policy versions (None: never)."""
     store: bool = True
-    """Append committed trajectories to ``<run_dir>/buffer/trajectories.log`` (compact
-    per-step records, no observations)."""
+    """Write admitted trajectories to ``<run_dir>/buffer/store/`` as Parquet tables
+    (``steps/``, ``calls/``, ``trajectories/``; no observations), readable by pandas,
+    polars and duckdb."""
+    store_max_bytes: int | None = Field(1 << 30, ge=1)
+    """Bound on the store's files, in bytes (>= 1; default 1 GiB; None: unbounded). Past it
+    the oldest chunks are deleted; the newest chunk always stays."""
 
 
 class CheckpointConfig(_Section):
@@ -297,6 +294,63 @@ class BackendConfig(_Section):
     max_staleness: int = Field(1, ge=0)
     """Async mode: drop trajectories more than this many policy versions old."""
 
+    @property
+    def options(self) -> dict[str, Any]:
+        """The backend's constructor options (:func:`gyre_ma.backends.make_backend`)."""
+        if self.name != "ray":
+            return {}
+        return {"workers": self.workers, "max_restarts": self.max_restarts, "max_attempts": self.max_attempts,
+                "sample_timeout_s": self.sample_timeout_s, "cpus_per_worker": self.cpus_per_worker,
+                "init": self.ray_init, "pipeline_depth": self.pipeline_depth,
+                "episodes_per_call": self.episodes_per_call}
+
+
+Precision = Literal["32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"]
+"""The Fabric precisions the learner supports (defined here, not in trainers/fit.py, so a config loads
+without torch)."""
+
+
+class TrainerConfig(_Section):
+    """The learner's Lightning Fabric (:class:`gyre_ma.trainers.fit.Fitter`): where and in
+    what precision the manager, critic and PRM updates run. Rollouts stay on the CPU and
+    receive the weights as CPU tensors."""
+
+    accelerator: Literal["cpu", "cuda", "gpu", "mps", "auto"] = "cpu"
+    """Fabric's ``accelerator`` for the updates; ``cuda`` (or ``gpu``) trains on a GPU, ``auto``
+    takes one if there is one."""
+    devices: int | list[int] = 1
+    """Fabric's ``devices``: 1, or a one-element list of indices (``[1]``: the second GPU). The
+    learner is one process, so it trains on exactly one device."""
+    precision: Precision = "32-true"
+    """Fabric's ``precision``: ``32-true`` (float32, the default), ``64-true`` (float64),
+    ``bf16-mixed`` / ``16-mixed`` (autocast; 16-mixed scales the loss), ``bf16-true`` /
+    ``16-true`` (weights in half precision)."""
+    strategy: str = "auto"
+    """Fabric's ``strategy`` name (``auto``: the single-device strategy); a registered one
+    such as ``ddp`` is accepted, but with one device there is nothing to distribute."""
+    threads: int | None = Field(None, ge=1, le=1024)
+    """torch intra-op threads of the learner's process, set when it is built; None keeps
+    torch's setting (by default one per core). Local rollouts run with their own setting."""
+
+    @field_validator("devices")
+    @classmethod
+    def _one_device(cls, devices: int | list[int]) -> int | list[int]:
+        if (devices if isinstance(devices, int) else len(devices)) != 1:
+            raise ValueError("must name one device (1, or a one-element list such as [1]): the learner runs in "
+                             "one process")
+        return devices
+
+    @field_validator("strategy")
+    @classmethod
+    def _fabric_strategy(cls, strategy: str) -> str:
+        if strategy != "auto":
+            from lightning.fabric.strategies import STRATEGY_REGISTRY
+
+            known = STRATEGY_REGISTRY.available_strategies()
+            if strategy not in known:
+                raise ValueError(f"not a Fabric strategy; expected 'auto' or one of {known}")
+        return strategy
+
 
 class ExperimentConfig(_Section):
     name: str = Field("experiment", min_length=1)
@@ -325,20 +379,32 @@ class ExperimentConfig(_Section):
     """Explorer, executor and evaluator episodes and their exploration noise."""
     backend: BackendConfig = Field(default_factory=BackendConfig)
     """Where rollouts run."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """The learner's Lightning Fabric: accelerator, precision, threads."""
     rewards: RewardConfig = Field(default_factory=RewardConfig)
     """Verified rewards: rules, PRM, arbitration, drift, hacking alarms."""
 
-    @model_validator(mode="after")
-    def _groups_are_roles(self) -> ExperimentConfig:
-        per_seed = self.roles.explorers + self.roles.executors
-        if per_seed != self.train.group_size:
-            raise ValueError(
-                f"`roles.explorers` ({self.roles.explorers}) + `roles.executors` ({self.roles.executors}) "
-                f"must equal `train.group_size` ({self.train.group_size}): one group per task seed"
-            )
-        return self
     run_root: str = "runs"
     """Folder under which run directories are made."""
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> ExperimentConfig:
+        if self.train.episodes_per_iteration % self.group_size:
+            raise ValueError(
+                f"`train.episodes_per_iteration` ({self.train.episodes_per_iteration}) must be a multiple of the "
+                f"group size, `roles.explorers` ({self.roles.explorers}) + `roles.executors` "
+                f"({self.roles.executors}) = {self.group_size}: one group of episodes per task seed")
+        return self
+
+    @property
+    def group_size(self) -> int:
+        """Episodes that share a task seed within an iteration: one per explorer and executor."""
+        return self.roles.explorers + self.roles.executors
+
+    @property
+    def groups_per_iteration(self) -> int:
+        """Task seeds per iteration."""
+        return self.train.episodes_per_iteration // self.group_size
 
     @property
     def run_dir(self) -> Path:

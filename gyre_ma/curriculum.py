@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from gyre_ma.rollout import Trajectory
+from gyre_ma.envs.registry import make_oracle
+from gyre_ma.rollout import Trajectory, run_episode
+
+if TYPE_CHECKING:
+    from gyre_ma.config import ExperimentConfig
+    from gyre_ma.options.library import OptionLibrary
 
 Phase = Literal["warmup", "reinforce", "refine"]
 PHASES: tuple[Phase, ...] = ("warmup", "reinforce", "refine")
@@ -79,6 +84,22 @@ class Curriculum:
         self.observations = 0
         self.promotions: list[tuple[int, Phase, Phase]] = []
         """(observation count, from, to) of every promotion."""
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, env: Any, library: OptionLibrary) -> Curriculum:
+        """Phases from ``config.curriculum``, path lengths from oracle episodes on ``env``."""
+        cur = config.curriculum
+        if cur.warmup_goal is not None and cur.warmup_goal not in library.graph:
+            raise ValueError(f"curriculum.warmup_goal: {cur.warmup_goal!r} is not a milestone; "
+                             f"known: {list(library.graph.names)}")
+        oracle = make_oracle(config.env.id, env, library)
+        runs = [run_episode(env, library, oracle, seed=10**9 + s) for s in range(cur.oracle_episodes)]
+        return cls.from_oracle(runs, warmup_goal=cur.warmup_goal, k=cur.k, warmup_k=cur.warmup_k,
+                               refine_k=cur.refine_k, threshold=cur.threshold, window=cur.window)
+
+    def metrics(self) -> dict[str, float]:
+        """The phase (index into :data:`PHASES`) and step cap episodes now run under."""
+        return {"curriculum_phase": float(PHASES.index(self.phase)), "curriculum_step_cap": float(self.step_cap)}
 
     @classmethod
     def from_oracle(cls, trajectories: Sequence[Trajectory], goal: str | None = None, *,

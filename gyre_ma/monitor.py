@@ -1,21 +1,22 @@
-"""Monitor: per-iteration metrics to CSV and TensorBoard in the run directory."""
+"""Monitor: per-iteration metrics through Lightning Fabric's loggers, to ``metrics.csv``
+and TensorBoard in the run directory."""
 
 from __future__ import annotations
 
 import csv
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.tensorboard import SummaryWriter
+from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 
 
 class Monitor:
-    """Appends one row per iteration to ``metrics.csv`` and scalars to TensorBoard.
-
-    The CSV header is fixed by the first row; keys that appear later are written to
-    TensorBoard only, so the file stays rectangular and readable with pandas.
-    """
+    """Logs one row per iteration to every logger: Fabric's ``CSVLogger`` (``metrics.csv`` in
+    the run directory; a key that first appears later widens the header, earlier rows
+    left empty) and ``TensorBoardLogger`` (``tensorboard/``). The x-axis is the step given
+    to :meth:`log`, env steps in ``gyre-ma train`` (the CSV's ``step`` column)."""
 
     def __init__(self, run_dir: str | Path, *, resume_at: int | None = None) -> None:
         """``resume_at``: keep the rows of iterations before it (a resumed run rewrites
@@ -27,24 +28,25 @@ class Monitor:
         if resume_at is not None and self.csv_path.exists():
             with self.csv_path.open(newline="") as f:
                 kept = [row for row in csv.DictReader(f) if float(row["iteration"]) < resume_at]
-        self._file = self.csv_path.open("w", newline="")
-        self._writer: csv.DictWriter | None = None
-        if kept:
-            self._writer = csv.DictWriter(self._file, fieldnames=list(kept[0]), extrasaction="ignore")
-            self._writer.writeheader()
-            self._writer.writerows(kept)
-        self.tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        self.csv = CSVLogger(self.run_dir, name=None, version="", flush_logs_every_n_steps=1)  # a row a save
+        with warnings.catch_warnings():
+            # the run directory holds checkpoints and config.yaml too; the logger warns that it
+            # replaces metrics.csv, whose rows to keep were read above and are written back below
+            warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty",
+                                    category=UserWarning)
+            writer = self.csv.experiment
+        for row in kept:  # as read: the text of earlier rows is not re-formatted
+            writer.log_metrics(row, step=int(float(row.get("step") or row["env_steps"])))
+        self.csv.save()
+        self.tensorboard = TensorBoardLogger(self.run_dir, name="tensorboard", version="", default_hp_metric=False)
+        self.loggers = [self.csv, self.tensorboard]
         self.history: list[dict[str, float]] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        """One iteration's metrics to every logger at ``step``; ``metrics.csv`` is written now."""
         self.history.append(dict(metrics))
-        if self._writer is None:
-            self._writer = csv.DictWriter(self._file, fieldnames=list(metrics), extrasaction="ignore")
-            self._writer.writeheader()
-        self._writer.writerow(metrics)
-        self._file.flush()
-        for key, value in metrics.items():
-            self.tensorboard.add_scalar(key, value, step)
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=step)
 
     def spot_check(self, iteration: int, trajectories: list, library: Any, n: int,
                    rng: np.random.Generator) -> Path | None:
@@ -74,8 +76,8 @@ class Monitor:
         return path
 
     def close(self) -> None:
-        self._file.close()
-        self.tensorboard.close()
+        for logger in self.loggers:
+            logger.finalize("success")
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -85,34 +87,34 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import pandas as pd
 
     run_dir = Path(run_dir)
     csv_path = run_dir / "metrics.csv"
     if not csv_path.is_file():
         raise ValueError(f"{str(run_dir)!r} is not a run directory: no metrics.csv in it")
-    df = pd.read_csv(csv_path)
-    if df.empty or "env_steps" not in df:
+    columns = read_metrics(csv_path)
+    if "env_steps" not in columns or not len(columns["env_steps"]):
         raise ValueError(f"{csv_path}: no iterations logged yet")
-    x = df["env_steps"]
-    milestones = [c for c in df.columns if c.startswith("milestone/")]
+    x = columns["env_steps"]
+    milestones = [c for c in columns if c.startswith("milestone/")]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for ax, key, label in ((axes[0, 0], "success_rate", "verified success rate"),
                            (axes[0, 1], "episode_length", "episode length (primitive steps)"),
                            (axes[1, 0], "episode_reward", "episode reward")):
-        if key in df:
-            ax.plot(x, df[key])
+        if key in columns:
+            ax.plot(x, columns[key])
         ax.set_title(label)
         ax.set_xlabel("env steps")
     for m in milestones:
-        axes[1, 1].plot(x, df[m], label=m.split("/", 1)[1])
+        axes[1, 1].plot(x, columns[m], label=m.split("/", 1)[1])
     axes[1, 1].set_title("milestone rates")
     axes[1, 1].set_xlabel("env steps")
     if milestones:
         axes[1, 1].legend(fontsize=7, ncol=2)
-    if "curriculum_phase" in df:
+    if "curriculum_phase" in columns:
+        changed = np.nan_to_num(np.diff(columns["curriculum_phase"])) != 0
         for ax in axes.flat:
-            for step in x[df["curriculum_phase"].diff().fillna(0) != 0]:
+            for step in x[1:][changed]:
                 ax.axvline(step, color="grey", linestyle=":", linewidth=1)
     fig.suptitle(run_dir.name)
     fig.tight_layout()
@@ -120,3 +122,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
+    """``metrics.csv`` as one float array per column (NaN where a row has no value)."""
+    with Path(path).open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        names = reader.fieldnames or []
+    return {name: np.array([float(r[name]) if r.get(name) not in (None, "") else np.nan for r in rows])
+            for name in names}

@@ -186,7 +186,7 @@ class Evaluator:
         return milestone_score(traj, graph)
 
     @staticmethod
-    def verify(kit: RolloutKit, traj: Trajectory, *, gamma: float | None = None) -> Verification:
+    def verify(kit: RolloutKit, traj: Trajectory) -> Verification:
         """Replay ``traj``'s option choices from its task seed on ``kit.env`` and compare
         every claimed milestone (and the step it was first verified at, the success flag
         and each call's milestones) with what ``env.verified_milestones()`` reports."""
@@ -195,7 +195,6 @@ class Evaluator:
             RolloutTask("evaluator", traj.task_seed))
         try:
             replay = run_episode(kit.env, kit.library, _Replay(traj), seed=traj.task_seed,
-                                 gamma=kit.gamma if gamma is None else gamma,
                                  policy_version=traj.policy_version, max_steps=cap)
         except _Diverged as exc:
             return Verification(False, claimed, frozenset(kit.env.verified_milestones()), str(exc))

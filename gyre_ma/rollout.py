@@ -24,8 +24,11 @@ from gyre_ma.options.option import Option, OptionContext, Termination
 class OptionCall:
     """One manager decision and everything that happened while its option ran.
 
-    ``reward`` is the discounted sum inside the option, sum_k γ^k r_{t+k}, so that the
-    SMDP backup is ``reward + γ^duration · V(next)``.
+    ``raw_reward`` is the environment's reward summed over the call's steps, as played.
+    ``reward`` is the option reward the learner backs up, ``reward + γ^duration · V(next)``:
+    the call's arbitrated, verified reward discounted inside the option, Σ_k γ^k r_{t+k},
+    set by :func:`gyre_ma.rewards.scorer.apply_breakdowns` (the one place the discount
+    inside an option is computed); 0 until the call is scored.
     """
 
     agent: str
@@ -91,17 +94,17 @@ class _Running:
     """An option call in progress. The per-step sums live here and reach ``call`` when it
     ends (:meth:`close`): the step loop touches only these slots."""
 
-    __slots__ = ("call", "ctx", "policy", "termination", "discount", "reward", "raw")
+    __slots__ = ("call", "ctx", "policy", "termination", "raw")
 
     def __init__(self, call: OptionCall, ctx: OptionContext, option: Option) -> None:
         self.call, self.ctx = call, ctx
         self.policy, self.termination = option.policy, option.termination
-        self.discount, self.reward, self.raw = 1.0, 0.0, 0.0
+        self.raw = 0.0
 
     def close(self, terminated: bool, truncated: bool, reason: Termination,
               milestone_steps: dict[str, int]) -> OptionCall:
         call = self.call
-        call.duration, call.reward, call.raw_reward = self.ctx.steps, self.reward, self.raw
+        call.duration, call.raw_reward = self.ctx.steps, self.raw
         call.terminated, call.truncated, call.termination = terminated, truncated, reason
         call.milestones = tuple(m for m, s in milestone_steps.items() if s > call.start_step)
         return call
@@ -113,7 +116,6 @@ def run_episode(
     manager: Manager,
     *,
     seed: int,
-    gamma: float = 0.99,
     policy_version: int = 0,
     max_steps: int | None = None,
     record_state: bool = False,
@@ -199,10 +201,8 @@ def run_episode(
             r = rewards.get(a, 0.0)
             if r:
                 r = float(r)
-                run.reward += run.discount * r
                 run.raw += r
                 traj.total_reward += r
-            run.discount *= gamma
             ctx = run.ctx
             ctx.steps += 1
             ctx.achieved = verified

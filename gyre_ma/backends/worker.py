@@ -33,7 +33,6 @@ class RolloutKit:
     env: Any
     library: OptionLibrary
     manager_kind: str
-    gamma: float
     max_steps: int | None
     featurizer: Featurizer | None = None
     policy: ManagerPolicy | None = None
@@ -60,7 +59,7 @@ class RolloutKit:
             library = primitive_library(env.task_graph(), env.action_space(agents[0]))
         else:
             library = make_library(config.env.id, env, config.library)
-        kit = cls(env, library, m.kind, config.credit.gamma, config.train.max_steps)
+        kit = cls(env, library, m.kind, config.train.max_steps)
         rewards = getattr(config, "rewards", None)
         if rewards is not None and (rewards.rules or rewards.rules_file):
             from gyre_ma.rewards.scorer import RewardScorer
@@ -122,7 +121,7 @@ class RolloutKit:
         start = time.perf_counter()
         hook = self.rules.on_option_end if self.rules is not None else None
         traj = run_episode(self.env, self.library, self.manager(task, version), seed=task.task_seed,
-                           gamma=self.gamma, policy_version=version, max_steps=cap,
+                           policy_version=version, max_steps=cap,
                            record_state=self.state_scaler is not None, on_option_end=hook)
         if self.rules is not None:
             traj.rule_results = self.rules.end_episode(traj, self.env)

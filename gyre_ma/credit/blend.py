@@ -35,7 +35,7 @@ from gyre_ma.credit.gae import _check_bool, _check_shape, _check_unit, smdp_gae
 from gyre_ma.credit.outcome import group_outcome_advantages, group_outcome_stats
 from gyre_ma.credit.segmented import segmented_gae
 
-AdvantageMode = Literal["plain", "segmented", "blend"]
+AdvantageMode = Literal["plain", "segmented", "blend", "grpo"]
 OutcomeCredit = Literal["anchored", "episode"]
 
 
@@ -119,16 +119,16 @@ def option_advantages(
     outcomes: Tensor | None = None,
     groups: Tensor | None = None,
     episode_index: Tensor | None = None,
-    w_max: float = 0.5,
+    w_max: float | None = None,
     std_ref: float | None = None,
     eps: float = 1e-8,
-    outcome_credit: OutcomeCredit = "episode",
+    outcome_credit: OutcomeCredit | None = None,
     verified_at: Tensor | None = None,
     call_milestones: Tensor | None = None,
     at_end: Tensor | None = None,
-    anchor_prior: float = 1.0,
+    anchor_prior: float | None = None,
     success: Tensor | None = None,
-    w_length: float = 0.5,
+    w_length: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Advantages for the manager and value targets for its critic: ``(advantages, returns)``.
 
@@ -144,7 +144,14 @@ def option_advantages(
       milestone, −1 never), ``call_milestones`` [B, T, M] bool (the milestones each call
       verified) and ``at_end`` [B, T] bool (the calls running when their episode ended);
       its weight is ``w_max``, or ``w_length`` where ``success`` ([E] bool, verified
-      success) says every episode succeeded.
+      success) says every episode succeeded, and its prior ``anchor_prior``.
+    - ``"grpo"``: every call gets its episode's group-normalised outcome advantage
+      (:func:`~gyre_ma.credit.outcome.group_outcome_advantages`, no local term); needs
+      ``outcomes`` and ``groups`` and, unless row b is episode b, ``episode_index``; its
+      returns are segmented λ-returns where ``milestones`` are given, else plain.
+
+    The blend's settings (``w_max``, ``outcome_credit``, ``w_length``, ``anchor_prior``)
+    have no defaults: the config (:class:`~gyre_ma.config.CreditConfig`) owns them.
 
     ``returns`` are always the local λ-returns (A_local + V): the critic learns values,
     not blended advantages. Shapes as in :func:`~gyre_ma.credit.gae.smdp_gae`.
@@ -154,19 +161,28 @@ def option_advantages(
     common = dict(rewards=rewards, values=values, durations=durations, terminated=terminated,
                   truncated=truncated, gamma=gamma, lam=lam, bootstrap_value=bootstrap_value,
                   next_values=next_values, mask=mask)
-    if mode == "plain":
-        return smdp_gae(**common)
+    if mode == "plain" or (mode == "grpo" and milestones is None):
+        advantages, returns = smdp_gae(**common)
+        return (_grpo(advantages, outcomes, groups, episode_index, mask, eps), returns) if mode == "grpo" else (
+            advantages, returns)
     if milestones is None:
         raise ValueError(f"mode {mode!r} needs milestones (bool, the shape of rewards); "
                          "use mode='plain' for GAE without segments")
     local, returns = segmented_gae(milestones=milestones, **common)
     if mode == "segmented":
         return local, returns
+    if mode == "grpo":
+        return _grpo(local, outcomes, groups, episode_index, mask, eps), returns
     if outcomes is None or groups is None:
         missing = [n for n, x in (("outcomes", outcomes), ("groups", groups)) if x is None]
         raise ValueError(f"mode 'blend' needs outcomes and groups ([E], one per episode); missing {missing}")
     if outcome_credit not in get_args(OutcomeCredit):
         raise ValueError(f"outcome_credit must be one of {list(get_args(OutcomeCredit))}, got {outcome_credit!r}")
+    unset = [n for n, x in (("w_max", w_max),) if x is None]
+    if outcome_credit == "anchored":
+        unset += [n for n, x in (("w_length", w_length), ("anchor_prior", anchor_prior)) if x is None]
+    if unset:
+        raise ValueError(f"mode 'blend' needs {unset} (the config's credit settings); got None")
     if outcome_credit == "anchored":
         return _anchored_blend(local=local, outcomes=outcomes, verified_at=verified_at,
                                call_milestones=call_milestones, at_end=at_end, episode_index=episode_index,
@@ -180,6 +196,18 @@ def option_advantages(
         mask=mask,
     )
     return advantages, returns
+
+
+def _grpo(local: Tensor, outcomes: Tensor | None, groups: Tensor | None, episode_index: Tensor | None,
+          mask: Tensor | None, eps: float) -> Tensor:
+    """Each row's episode's group-normalised outcome advantage, broadcast over its calls."""
+    if outcomes is None or groups is None:
+        missing = [n for n, x in (("outcomes", outcomes), ("groups", groups)) if x is None]
+        raise ValueError(f"mode 'grpo' needs outcomes and groups ([E], one per episode); missing {missing}")
+    per_episode = group_outcome_advantages(outcomes=outcomes, groups=groups, eps=eps)
+    weights = torch.ones_like(per_episode)
+    return blend_advantages(local=local, outcome_advantages=per_episode, weights=weights,
+                            episode_index=episode_index, mask=mask)
 
 
 def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | None, call_milestones: Tensor | None,

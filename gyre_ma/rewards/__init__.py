@@ -6,40 +6,32 @@ its :class:`RewardBreakdown`.
 - :mod:`.milestones` — first-verified milestone rewards from task-graph weights;
 - :mod:`.rules` — the rule engine (process rules and guards over env state);
 - :mod:`.prm` — the learned process reward model and its Lightning trainer;
-- :mod:`.arbiter` — RewardConfig and the arbitration;
+- :mod:`.arbiter` — RewardConfig (with PRMConfig, so a config loads without torch) and the arbitration;
 - :mod:`.drift` — PRM/outcome agreement and the weight cut;
 - :mod:`.alarms` — reward-hacking alarms;
 - :mod:`.scorer` — RewardScorer, which runs all of it once per iteration.
 """
 
-from gyre_ma.rewards.alarms import (
-    Alarm,
-    AlarmConfig,
-    HackingMonitor,
-    calls_without_completion,
-    reward_without_completion,
-    rules_without_success,
-)
-from gyre_ma.rewards.arbiter import RewardConfig, outcome_reward, score_trajectory
-from gyre_ma.rewards.breakdown import RewardBreakdown, summarize
-from gyre_ma.rewards.drift import DriftConfig, DriftMonitor, DriftStatus, agreement, auc, spearman
-from gyre_ma.rewards.milestones import first_verified, milestone_rewards
-from gyre_ma.rewards.prm import PRMConfig, PRMModule, ProcessRewardModel, prm_labels, prm_rewards
-from gyre_ma.rewards.rules import (
-    BrokenRuleWarning,
-    OptionEndProbe,
-    Rule,
-    RuleContext,
-    RuleEngine,
-    RuleResults,
-    RuleSpec,
-    default_snapshot,
-    extended_snapshot,
-    load_rules,
-    rule_metrics,
-    state_check,
-)
-from gyre_ma.rewards.scorer import RewardScorer, Scored, apply_breakdowns
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name → the submodule defining it; imported on first use (PEP 562), so loading a
+# config (which needs RewardConfig) does not import torch and Lightning with the PRM
+_SOURCES = {
+    "alarms": ("Alarm", "AlarmConfig", "HackingMonitor", "calls_without_completion", "reward_without_completion",
+               "rules_without_success"),
+    "arbiter": ("PRMConfig", "RewardConfig", "outcome_reward", "score_trajectory"),
+    "breakdown": ("RewardBreakdown", "summarize"),
+    "drift": ("DriftConfig", "DriftMonitor", "DriftStatus", "agreement", "auc", "spearman"),
+    "milestones": ("first_verified", "milestone_rewards"),
+    "prm": ("PRMModule", "ProcessRewardModel", "prm_labels", "prm_rewards"),
+    "rules": ("BrokenRuleWarning", "OptionEndProbe", "Rule", "RuleContext", "RuleEngine", "RuleResults", "RuleSpec",
+              "default_snapshot", "extended_snapshot", "load_rules", "rule_metrics", "state_check"),
+    "scorer": ("RewardScorer", "Scored", "apply_breakdowns"),
+}
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = [
     "Alarm", "AlarmConfig", "BrokenRuleWarning", "DriftConfig", "DriftMonitor", "DriftStatus",
@@ -51,3 +43,15 @@ __all__ = [
     "rule_metrics", "rules_without_success", "score_trajectory", "spearman", "state_check",
     "summarize",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -35,9 +35,29 @@ from gyre_ma.rewards.alarms import AlarmConfig
 from gyre_ma.rewards.breakdown import RewardBreakdown
 from gyre_ma.rewards.drift import DriftConfig
 from gyre_ma.rewards.milestones import calls_at_end, milestone_rewards
-from gyre_ma.rewards.prm import PRMConfig
 from gyre_ma.rewards.rules import RuleResults, RuleSpec
 from gyre_ma.rollout import Trajectory
+
+
+class PRMConfig(BaseModel):
+    """Training of the process reward model (``rewards.prm``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """Train and use the PRM; off (the default), its part of every breakdown is 0. On the
+    default tech-tree task its per-call shaping slowed the manager's learning markedly
+    (measured), so it is opt-in until that is understood."""
+    hidden: int = Field(64, ge=4, le=4096)
+    """Width of its two hidden layers."""
+    lr: float = Field(1e-3, gt=0.0, le=1.0)
+    """Adam learning rate."""
+    epochs: int = Field(2, ge=1, le=100)
+    """Passes over each iteration's training calls."""
+    minibatch_size: int = Field(256, ge=1)
+    """Calls per gradient step."""
+    holdout_fraction: float = Field(0.25, ge=0.0, lt=1.0)
+    """Share of each iteration's episodes kept out of training to measure drift on."""
 
 
 class RewardConfig(BaseModel):

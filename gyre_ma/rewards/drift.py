@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = logging.getLogger("gyre_ma.rewards")
 

@@ -16,33 +16,12 @@ import math
 import lightning as L
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from gyre_ma import batch as B
+from gyre_ma.rewards.arbiter import PRMConfig  # noqa: F401 (re-export: defined there so a config loads without torch)
 from gyre_ma.rewards.milestones import first_verified
 from gyre_ma.rollout import Trajectory
-
-
-class PRMConfig(BaseModel):
-    """Training of the process reward model (``rewards.prm``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    enabled: bool = False
-    """Train and use the PRM; off (the default), its part of every breakdown is 0. On the
-    default tech-tree task its per-call shaping slowed the manager's learning markedly
-    (measured), so it is opt-in until that is understood."""
-    hidden: int = Field(64, ge=4, le=4096)
-    """Width of its two hidden layers."""
-    lr: float = Field(1e-3, gt=0.0, le=1.0)
-    """Adam learning rate."""
-    epochs: int = Field(2, ge=1, le=100)
-    """Passes over each iteration's training calls."""
-    minibatch_size: int = Field(256, ge=1)
-    """Calls per gradient step."""
-    holdout_fraction: float = Field(0.25, ge=0.0, lt=1.0)
-    """Share of each iteration's episodes kept out of training to measure drift on."""
 
 
 class ProcessRewardModel(nn.Module):
@@ -123,6 +102,6 @@ class PRMModule(L.LightningModule):
             return {"prm_loss": math.nan, "prm_skipped": 1.0}
         opt.zero_grad()
         self.manual_backward(loss)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.fabric.clip_gradients(self, opt, max_norm=self.max_grad_norm, error_if_nonfinite=False)
         opt.step()
         return {"prm_loss": loss.item(), "prm_skipped": 0.0}

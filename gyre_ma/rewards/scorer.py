@@ -49,12 +49,12 @@ class Scored:
 
 
 def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Sequence[RewardBreakdown]],
-                     *, gamma: float = 1.0, graph: TaskGraph | None = None) -> None:
+                     *, gamma: float, graph: TaskGraph | None = None) -> None:
     """Keep each breakdown on its call (``call.breakdown``, so the reward stays traceable)
     and make the call's option reward its total, discounted inside the option as the SMDP
     backup expects (``reward = Σ_k γ^k r_{t+k}``): the milestone part at the steps its
     milestones were verified (weighted by their graph reward), every other part at the
-    call's last step. ``gamma=1`` gives the plain total."""
+    call's last step. ``gamma`` is ``credit.gamma``; 1 gives the plain total."""
     for traj, bds in zip(trajectories, breakdowns, strict=True):
         for call, b in zip(traj.calls, bds, strict=True):
             call.breakdown = b  # type: ignore[attr-defined]

@@ -36,6 +36,6 @@ class CriticModule(L.LightningModule):
             return {"value_loss": math.nan, "skipped": 1.0}
         opt.zero_grad()
         self.manual_backward(loss)
-        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.max_grad_norm)
+        self.fabric.clip_gradients(self, opt, max_norm=self.max_grad_norm, error_if_nonfinite=False)
         opt.step()
         return {"value_loss": loss.item(), "skipped": 0.0}

@@ -51,7 +51,7 @@ class ManagerModule(L.LightningModule):
             return {"policy_loss": math.nan, "skipped": 1.0}
         opt.zero_grad()
         self.manual_backward(loss)
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.fabric.clip_gradients(self, opt, max_norm=self.max_grad_norm, error_if_nonfinite=False)
         opt.step()
         clip_frac = ((log_prob - batch[B.LOG_PROB]).exp().sub(1.0).abs() > self.clip).float().mean()
         return {

@@ -1,28 +1,30 @@
-"""TrajectoryBuffer and TrajectoryStore: whole trajectories only, checked against a model."""
+"""TrajectoryBuffer and its Parquet TrajectoryStore: whole trajectories only, checked
+against a model; the store's folders read directly by pandas, polars and duckdb."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pandas as pd
+import polars as pl
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gyre_ma.buffer import (
-    StepRecorder,
-    TrajectoryBuffer,
-    TrajectoryStore,
-    agent_segments,
-    segment_hashes,
-)
+from gyre_ma.buffer import TrajectoryBuffer, agent_segments, segment_hashes
 from gyre_ma.options.option import Termination
+from gyre_ma.rewards.breakdown import RewardBreakdown
 from gyre_ma.rollout import OptionCall, Trajectory, run_episode
+from gyre_ma.store import KINDS, StepRecorder, TrajectoryStore
 
 MILESTONES = ("a", "b", "c")
 
@@ -130,63 +132,212 @@ def test_elite_pool_mix_ratio_and_turning_points():
     assert buf.sample(4, version=0).ids == []
 
 
-def test_transaction_is_invisible_until_commit_and_abort_leaves_nothing(tmp_path):
-    buf = TrajectoryBuffer.open(tmp_path / "log", fsync=False)
-    tx = buf.begin(task_seed=1, policy_version=0)
-    tx.append(make_call(0, 1, 0, 2, "a", seed=1), actions=[3, 4], rewards=[0.0, 1.0])
-    assert buf.sample(5, version=0).ids == [] and len(buf.store) == 0
-    with pytest.raises(ValueError, match="policy_version=7; expected 1, 0"):
-        tx.append(make_call(0, 1, 2, 1, None, seed=1, version=7))
-    with pytest.raises(ValueError, match="actions has 1 entries; the call lasted 2"):
-        tx.append(make_call(0, 1, 2, 2, None, seed=1), actions=[1])
-    result = tx.commit(success=True)
-    assert result.accepted and buf.sample(5, version=0).ids == [result.id]
-    with pytest.raises(ValueError, match="no longer open"):
-        tx.append(make_call(0, 1, 2, 1, None, seed=1))
-    with buf.begin(task_seed=2, policy_version=0) as tx2:
-        tx2.append(make_call(0, 1, 0, 1, None, seed=2))
-    assert buf.stats.aborted == 1 and len(buf.store) == 1 and len(buf) == 1
-    steps = buf.store.to_pandas()
-    assert steps["action"].tolist() == [3, 4] and steps["reward"].tolist() == [0.0, 1.0]
+def files(root: Path, kind: str) -> list[str]:
+    return sorted(p.name for p in (root / kind).iterdir())
 
 
+def step_log_for(traj: Trajectory) -> list[tuple[dict, dict]]:
+    """A step log with a distinct 2-vector action and reward per agent and step."""
+    agents = {c.agent: c.agent_index for c in traj.calls}
+    return [({a: [t, 10 * i] for a, i in agents.items()}, {a: t + i / 10 for a, i in agents.items()})
+            for t in range(traj.length)]
+
+
+# --------------------------------------------------------------------------- buffer and store
 def test_failed_write_leaves_nothing(tmp_path):
-    buf = TrajectoryBuffer.open(tmp_path / "log", fsync=False)
+    buf = TrajectoryBuffer.open(tmp_path / "store", fsync=False)
     traj = make_traj([(0, 1, 2, "a")])
-    with pytest.raises(TypeError, match="reward breakdown"):
-        buf.add(traj, breakdowns=[object()])
-    assert len(buf) == 0 and len(buf.store) == 0 and buf.store.nbytes == 0
-    assert buf.add(traj, breakdowns=[{"outcome": 1.0, "milestone": 0.5}]).accepted
-    calls = buf.store.to_pandas("calls")
-    assert calls[["r_milestone", "r_outcome"]].values.tolist() == [[0.5, 1.0]]
-    assert calls["milestone_names"].tolist() == [("a",)] and calls["termination"].tolist() == ["done"]
+    traj.calls[0].breakdown = object()
+    with pytest.raises(TypeError, match="breakdown of call 0: expected a RewardBreakdown.*got object"):
+        buf.add(traj)
+    traj.calls[0].breakdown = {"outcome": 1.0, "novelty": 2.0}
+    with pytest.raises(ValueError, match=r"unknown components \['novelty'\]"):
+        buf.add(traj)
+    assert len(buf) == 0 and len(buf.store) == 0 and buf.store.table("calls").num_rows == 0
+    traj.calls[0].breakdown = RewardBreakdown(outcome=1.0, milestone=0.5, total=1.5)
+    assert buf.add(traj).accepted
+    buf.close()
+    calls = pd.read_parquet(tmp_path / "store" / "calls")
+    assert calls[["r_outcome", "r_milestone", "r_rules"]].values.tolist() == [[1.0, 0.5, 0.0]]
+    assert calls["milestones"].map(list).tolist() == [["a"]] and calls["termination"].tolist() == ["done"]
 
 
-# --------------------------------------------------------------------------- on-disk store
-def test_store_truncates_a_torn_tail_at_every_byte(tmp_path):
-    path = tmp_path / "log"
-    with TrajectoryStore(path, fsync=False) as store:
+def test_state_dict_writes_the_staged_trajectories_and_loads_older_checkpoints(tmp_path):
+    buf = TrajectoryBuffer.open(tmp_path / "store", fsync=False)
+    buf.add(make_traj([(0, 1, 2, "a")]))
+    assert buf.store.ids() == [0] and buf.store.chunks == []  # staged, not yet on disk
+    state = buf.state_dict()
+    assert buf.store.chunks == [0] and len(pd.read_parquet(tmp_path / "store" / "trajectories")) == 1
+    state["stats"] = state["stats"] | {"aborted": 3}  # written before the transaction API went
+    fresh = TrajectoryBuffer()
+    fresh.load_state_dict(state)
+    assert fresh.fresh_ids == [0] and fresh.stats.committed == 1 and fresh.seen_milestones == {"a"}
+    buf.close()
+
+
+# --------------------------------------------------------------------------- store
+def test_store_round_trips_steps_calls_and_trajectories(tmp_path):
+    traj = make_traj([(0, 1, 2, "a"), (1, 2, 3, None), (0, 0, 1, "b")], seed=7, version=3, success=True)
+    traj.horizon, traj.tool_calls = 50, 4
+    traj.calls[1].termination, traj.calls[1].truncated = None, True
+    log = step_log_for(traj)
+    with TrajectoryStore(tmp_path, fsync=False) as store:
+        store.append(5, traj, step_log=log)
+        store.append(6, make_traj([(0, 2, 1, None)]))  # no step log: actions and rewards null
+    with TrajectoryStore(tmp_path, fsync=False) as store:  # read back from disk
+        assert store.ids() == [5, 6] and store.chunks == [0]
+        assert store.env_steps == traj.length + 1 and store.n_steps == 6 + 1
+        assert store.milestones_of(5) == {"a": 2, "b": 3}
+        steps, calls, trajs = (store.to_pandas(kind) for kind in KINDS)
+    mine = steps[steps.traj_id == 5]
+    for i, c in enumerate(traj.calls):
+        rows = mine[mine.call == i]
+        assert rows.step.tolist() == list(range(c.start_step, c.start_step + c.duration))
+        assert (rows.agent == c.agent).all() and (rows.option == c.option).all()
+        assert rows.action.map(list).tolist() == [log[t][0][c.agent] for t in rows.step]
+        assert np.allclose(rows.reward, [log[t][1][c.agent] for t in rows.step])
+    other = steps[steps.traj_id == 6]
+    assert other.action.isna().all() and other.reward.isna().all()
+    mine = calls[calls.traj_id == 5]
+    for name in ("agent", "option", "start_step", "duration", "raw_reward", "log_prob", "terminated",
+                 "truncated", "policy_version"):
+        assert mine[name].tolist() == [getattr(c, name) for c in traj.calls], name
+    assert mine.termination.fillna("(running)").tolist() == ["done", "(running)", "done"]
+    assert mine.milestones.map(list).tolist() == [["a"], [], ["b"]]
+    row = trajs[trajs.traj_id == 5].iloc[0]
+    assert (row.task_seed, row.policy_version, row.length, row.horizon, row.success, row.tool_calls,
+            row.n_calls, row.n_steps) == (7, 3, traj.length, 50, True, 4, 3, 6)
+    assert row.total_reward == traj.total_reward and row.milestone_steps == {"a": 2, "b": 3}
+
+
+def test_store_folders_read_directly_with_pandas_polars_and_duckdb(tmp_path):
+    with TrajectoryStore(tmp_path, fsync=False) as store:
         for i in range(3):
-            store.append(i, make_traj([(0, i, 2, "a"), (1, 0, 1, None)], seed=i))
-        sizes = [c.size for c in store._chunks]
-    full = path.read_bytes()
-    whole = sum(sizes[:2])
-    for cut in range(whole, len(full), 3):
-        path.write_bytes(full[:cut])
-        with TrajectoryStore(path, fsync=False) as store:
-            assert store.ids() == [0, 1] and store.truncated_bytes == cut - whole
-        assert path.stat().st_size == whole
-    flipped = bytearray(full)
-    flipped[sizes[0] + 40] ^= 0xFF  # damage in the second chunk drops it and all after it
-    path.write_bytes(bytes(flipped))
-    with TrajectoryStore(path, fsync=False) as store:
-        assert store.ids() == [0] and store.milestones == ["a"]
+            traj = make_traj([(0, i, 2, "a"), (1, 0, 1 + i, None)], seed=i)
+            store.append(i, traj, step_log=step_log_for(traj))
+            if i != 1:
+                store.flush()  # chunks: [0], [1, 2]
+        expected = {kind: store.to_pandas(kind) for kind in KINDS}
+    assert files(tmp_path, "steps") == ["000000.parquet", "000001.parquet"]
+    for kind in KINDS:
+        direct = pd.read_parquet(tmp_path / kind)
+        if kind == "trajectories":  # to_pandas gives the map column as dicts
+            direct["milestone_steps"] = direct.milestone_steps.map(dict)
+        pd.testing.assert_frame_equal(direct, expected[kind])
+    per_traj = (pl.scan_parquet(f"{tmp_path}/steps/*.parquet").group_by("traj_id").len()
+                .sort("traj_id").collect())
+    assert per_traj["len"].to_list() == expected["trajectories"]["n_steps"].tolist() == [3, 4, 5]
+    joined = duckdb.sql(f"""
+        select t.traj_id, count(*) as rows, sum(s.reward) as reward
+        from '{tmp_path}/steps/*.parquet' s join '{tmp_path}/trajectories/*.parquet' t using (traj_id)
+        group by t.traj_id order by t.traj_id""").fetchall()
+    sums = expected["steps"].groupby("traj_id").reward.sum()
+    assert [(t, n) for t, n, _ in joined] == [(0, 3), (1, 4), (2, 5)]
+    assert np.allclose([r for *_, r in joined], sums.values)
 
 
-def test_store_is_single_writer(tmp_path):
-    with TrajectoryStore(tmp_path / "log"):
+CRASH = r"""
+import os, pickle, sys
+from gyre_ma import store as module
+
+root, when = sys.argv[1], sys.argv[2]
+traj = pickle.load(open(sys.argv[3], "rb"))
+store = module.TrajectoryStore(root)
+store.append(1, traj)
+if when == "before_flush":
+    os._exit(0)
+replace = os.replace
+def dying_replace(src, dst):
+    if "trajectories" in str(dst):
+        os._exit(0)  # killed between the chunk's renames
+    replace(src, dst)
+module.os.replace = dying_replace
+store.flush()
+"""
+
+
+@pytest.mark.parametrize("when", ["before_flush", "between_renames"])
+def test_a_killed_writer_leaves_whole_trajectories_only(tmp_path, when):
+    root = tmp_path / "store"
+    with TrajectoryStore(root) as store:
+        store.append(0, make_traj([(0, 1, 2, "a")]))
+    (tmp_path / "traj.pkl").write_bytes(pickle.dumps(make_traj([(0, 2, 3, "b"), (1, 0, 1, None)], seed=1)))
+    subprocess.run([sys.executable, "-c", CRASH, str(root), when, str(tmp_path / "traj.pkl")], check=True,
+                   timeout=120)
+    left = {kind: files(root, kind) for kind in KINDS}
+    if when == "between_renames":  # steps and calls of chunk 1 renamed, its trajectories file not
+        assert left == {"steps": ["000000.parquet", "000001.parquet"],
+                        "calls": ["000000.parquet", "000001.parquet"],
+                        "trajectories": [".000001.parquet.tmp", "000000.parquet"]}
+    assert pd.read_parquet(root / "trajectories").traj_id.tolist() == [0]  # the temp file is ignored
+    with TrajectoryStore(root) as store:
+        assert store.ids() == [0] and store.chunks == [0] and store.milestones_of(0) == {"a": 2}
+        assert store.table("steps").column("traj_id").to_pylist() == [0, 0]
+    assert {kind: files(root, kind) for kind in KINDS} == {kind: ["000000.parquet"] for kind in KINDS}
+    assert pd.read_parquet(root / "steps").traj_id.tolist() == [0, 0]
+
+
+def test_a_failed_flush_leaves_no_files_and_keeps_the_trajectories_staged(tmp_path, monkeypatch):
+    from gyre_ma import store as module
+
+    replace = module.os.replace
+
+    def full_disk(src, dst):
+        if "calls" in str(dst):
+            raise OSError(28, "No space left on device")
+        replace(src, dst)
+
+    with TrajectoryStore(tmp_path, fsync=False) as store:
+        store.append(0, make_traj([(0, 1, 2, "a")]))
+        monkeypatch.setattr(module.os, "replace", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            store.flush()
+        assert {kind: files(tmp_path, kind) for kind in KINDS} == {kind: [] for kind in KINDS}
+        assert store.ids() == [0] and store.chunks == []
+        monkeypatch.setattr(module.os, "replace", replace)
+        assert store.flush() > 0 and store.chunks == [0]
+    assert pd.read_parquet(tmp_path / "calls").traj_id.tolist() == [0]
+
+
+def test_store_evicts_the_oldest_chunks_past_max_bytes(tmp_path):
+    def chunk(store: TrajectoryStore, tid: int) -> None:
+        store.append(tid, make_traj([(0, tid % 3, 1 + tid, "a")], seed=tid))
+        store.flush()
+
+    with TrajectoryStore(tmp_path, max_bytes=None, fsync=False) as store:
+        chunk(store, 0)
+        size = store.nbytes
+    bound = int(2.5 * size)
+    with TrajectoryStore(tmp_path, max_bytes=bound, fsync=False) as store:
+        for tid in range(1, 6):
+            chunk(store, tid)
+            assert store.nbytes <= bound
+        assert store.chunks == [4, 5] and store.ids() == [4, 5]
+        with pytest.raises(KeyError, match="trajectory 0 is not in store"):
+            store.milestones_of(0)
+    assert files(tmp_path, "calls") == ["000004.parquet", "000005.parquet"]
+    assert pd.read_parquet(tmp_path / "steps").traj_id.unique().tolist() == [4, 5]
+    with TrajectoryStore(tmp_path, max_bytes=1, fsync=False) as store:  # a smaller bound applies on open
+        assert store.chunks == [5] and store.nbytes > 1  # the newest chunk always stays
+        chunk(store, 6)
+        assert store.chunks == [6] and TrajectoryBuffer(store=store)._next_id == 7
+
+
+def test_store_rejects_bad_input_and_a_second_writer(tmp_path):
+    with pytest.raises(ValueError, match=r"`max_bytes` \(0\) must be >= 1 or None"):
+        TrajectoryStore(tmp_path, max_bytes=0)
+    with TrajectoryStore(tmp_path, fsync=False) as store:
+        store.append(0, make_traj([(0, 1, 2, None)]))
+        with pytest.raises(ValueError, match="trajectory id 0 is already in store"):
+            store.append(0, make_traj([(0, 1, 2, None)]))
+        with pytest.raises(ValueError, match="step_log has 1 steps; the trajectory's calls run to step 2"):
+            store.append(1, make_traj([(0, 1, 2, None)]), step_log=[({}, {})])
+        with pytest.raises(ValueError, match=r"kind: expected one of \['steps', 'calls', 'trajectories'\], "
+                                             r"got 'episodes'"):
+            store.table("episodes")
         with pytest.raises(ValueError, match="open in another process"):
-            TrajectoryStore(tmp_path / "log")
+            TrajectoryStore(tmp_path)
+        assert store.ids() == [0]
 
 
 def test_real_workflow_episodes_round_trip_through_the_store(tmp_path):
@@ -196,53 +347,60 @@ def test_real_workflow_episodes_round_trip_through_the_store(tmp_path):
 
     env = StepRecorder(workflow_v0.parallel_env())
     library, oracle = make_library(), OracleManager()
-    buf = TrajectoryBuffer.open(tmp_path / "log", fsync=False)
+    buf = TrajectoryBuffer.open(tmp_path / "store", fsync=False)
     trajs = []
     for seed in range(2):
         traj = run_episode(env, library, oracle, seed=seed)
         assert buf.add(traj, step_log=env.log).accepted
         trajs.append(traj)
-    steps = buf.store.to_pandas("steps")
-    calls = buf.store.to_pandas("calls")
+    buf.close()
+    steps = pd.read_parquet(tmp_path / "store" / "steps")
+    calls = pd.read_parquet(tmp_path / "store" / "calls")
     assert len(steps) == sum(t.length for t in trajs) * len(env.possible_agents)
     assert len(calls) == sum(len(t.calls) for t in trajs)
-    for tid, traj in zip(buf.store.ids(), trajs, strict=True):
-        stored = buf.store.read(tid)
-        assert stored.milestone_steps == traj.milestone_steps and stored.success == traj.success
-        df = pd.DataFrame(stored.steps)  # plain numpy structured array → pandas
-        per_call = df.groupby("call")["reward"].sum()
-        assert np.allclose(per_call.values, [c.raw_reward for c in traj.calls])
-        assert (df.groupby("call").size().values == [c.duration for c in traj.calls]).all()
-    first = steps[(steps.traj_id == 1) & (steps.step == 0)][["action_0", "action_1"]].values
-    assert first.tolist() == [list(env.log[0][0][a]) for a in env.possible_agents]  # log: last episode
-    buf.reopen()
+    for tid, traj in enumerate(trajs):
+        mine = steps[steps.traj_id == tid]
+        assert np.allclose(mine.groupby("call").reward.sum().values, [c.raw_reward for c in traj.calls])
+        assert mine.groupby("call").size().tolist() == [c.duration for c in traj.calls]
+    first = steps[(steps.traj_id == 1) & (steps.step == 0)].sort_values("agent")
+    assert first.action.map(list).tolist() == [list(env.log[0][0][a]) for a in sorted(env.possible_agents)]
+    buf = TrajectoryBuffer.open(tmp_path / "store", fsync=False)  # a restart: pools empty, memory kept
     assert len(buf) == 0 and buf.store.ids() == [0, 1] and "submission_verified" in buf.seen_milestones
+    assert buf.add(trajs[0]).id == 2
+    buf.close()
 
 
 # --------------------------------------------------------------------------- state machine
 CAP = 6
+MAX_BYTES = 20_000
+CALL_SPECS = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(1, 2),
+                                st.sampled_from((None, None, *MILESTONES))), max_size=CAP)
 
 
 class BufferMachine(RuleBasedStateMachine):
-    """The buffer against a model: FIFO pool, top-k elite, turning points, store contents."""
+    """The buffer against a model: FIFO pool, top-k elite, turning points; its store holds
+    whole trajectories, oldest chunks evicted first, across restarts with crash debris."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp())
-        self.buf = TrajectoryBuffer.open(
-            self.dir / "log", fsync=False, capacity=CAP, eviction="fifo", dedup=True, elite_size=2,
-            max_turning_points=2, elite_ratio=0.5, max_staleness=1, elite_max_staleness=None,
-        )
+        self.buf = self.open()
         self.version = 0
-        self.open: list[tuple] = []  # (pending, per-agent clock)
         self.fresh: OrderedDict[int, tuple[int, int, tuple[int, ...]]] = OrderedDict()
         self.top: dict[int, tuple] = {}
         self.turning: OrderedDict[int, None] = OrderedDict()
         self.hashes: dict[int, tuple[int, ...]] = {}
         self.seen: set[str] = set()
-        self.stored: list[int] = []
-        self.stored_milestones: set[str] = set()
+        self.milestones: dict[int, set[str]] = {}
+        self.chunks: list[list[int]] = []  # on disk, oldest first
+        self.staged: list[int] = []
         self.last_commit: int | None = None
+
+    def open(self) -> TrajectoryBuffer:
+        return TrajectoryBuffer.open(
+            self.dir / "store", max_bytes=MAX_BYTES, fsync=False, capacity=CAP, eviction="fifo", dedup=True,
+            elite_size=2, max_turning_points=2, elite_ratio=0.5, max_staleness=1, elite_max_staleness=None,
+        )
 
     def teardown(self) -> None:
         self.buf.close()
@@ -251,38 +409,29 @@ class BufferMachine(RuleBasedStateMachine):
     def held(self) -> set[int]:
         return set(self.fresh) | set(self.top) | set(self.turning)
 
-    @precondition(lambda self: len(self.open) < 3)
-    @rule(seed=st.integers(0, 2))
-    def begin(self, seed):
-        self.open.append((self.buf.begin(task_seed=seed, policy_version=self.version), {}))
+    def sync_evicted_chunks(self) -> None:
+        """Drop from the model the chunks the store evicted: always the oldest."""
+        on_disk = [tid for c in self.chunks for tid in c]
+        kept = self.buf.store.ids()[:len(self.buf.store.ids()) - len(self.staged)]
+        assert on_disk[len(on_disk) - len(kept):] == kept
+        while sum(map(len, self.chunks)) > len(kept):
+            self.chunks.pop(0)
+        assert [tid for c in self.chunks for tid in c] == kept
 
-    @precondition(lambda self: self.open)
-    @rule(i=st.integers(0, 2), agent=st.integers(0, 1), option=st.integers(0, 2),
-          duration=st.integers(1, 2), milestone=st.sampled_from((None, None, *MILESTONES)))
-    def append(self, i, agent, option, duration, milestone):
-        tx, clock = self.open[i % len(self.open)]
-        if len(tx.trajectory.calls) >= CAP:
-            return
-        start = clock.get(agent, 0)
-        clock[agent] = start + duration
-        t = tx.trajectory
-        tx.append(make_call(agent, option, start, duration, milestone, seed=t.task_seed,
-                            version=t.policy_version), actions=list(range(duration)))
-
-    @precondition(lambda self: self.open)
-    @rule(i=st.integers(0, 2), success=st.booleans(), reward=st.integers(-2, 2))
-    def commit(self, i, success, reward):
-        tx, _ = self.open.pop(i % len(self.open))
-        hashes = segment_hashes(tx.trajectory)
+    @rule(spec=CALL_SPECS, seed=st.integers(0, 2), success=st.booleans(), reward=st.integers(-2, 2))
+    def add(self, spec, seed, success, reward):
+        traj = make_traj(spec, seed=seed, version=self.version, success=success, reward=float(reward))
+        hashes = segment_hashes(traj)
         held_hashes = {h for tid in self.held() for h in self.hashes[tid]}
         duplicate = bool(hashes) and all(h in held_hashes for h in hashes)
-        result = tx.commit(success=success, total_reward=float(reward))
+        result = self.buf.add(traj)
         assert result.accepted == (not duplicate)
         if duplicate:
             return
-        tid, traj = result.id, tx.trajectory
+        tid = result.id
         self.hashes[tid] = hashes
-        self.stored.append(tid)
+        self.milestones[tid] = set(traj.milestone_steps)
+        self.staged.append(tid)
         self.last_commit = tid
         self.fresh[tid] = (len(traj.calls), traj.policy_version, hashes)
         rank = (float(success), float(reward), tid)
@@ -294,7 +443,6 @@ class BufferMachine(RuleBasedStateMachine):
                 del self.top[worst]
                 self.top[tid] = rank
         new = set(traj.milestone_steps) - self.seen
-        self.stored_milestones |= set(traj.milestone_steps)
         assert result.turning_point == bool(new)
         if new:
             self.seen |= new
@@ -308,11 +456,13 @@ class BufferMachine(RuleBasedStateMachine):
             evicted.append(victim)
         assert list(result.evicted) == evicted
 
-    @precondition(lambda self: self.open)
-    @rule(i=st.integers(0, 2))
-    def abort(self, i):
-        tx, _ = self.open.pop(i % len(self.open))
-        tx.abort()
+    @rule()
+    def flush(self):
+        self.buf.store.flush()
+        if self.staged:
+            self.chunks.append(self.staged)
+            self.staged = []
+        self.sync_evicted_chunks()
 
     @rule(count=st.integers(1, 2))
     def evict(self, count):
@@ -353,35 +503,42 @@ class BufferMachine(RuleBasedStateMachine):
             assert chosen_fresh == candidates[len(candidates) - len(chosen_fresh):]
         assert all(t.policy_version >= self.version - 1 for t, e in zip(s.trajectories, s.elite) if not e)
 
-    @rule(torn=st.integers(0, 400))
-    def crash_and_reopen(self, torn):
-        path = self.buf.store.path
-        if torn and self.buf.store._chunks:  # a half-written chunk at the tail
-            last = self.buf.store._chunks[-1]
-            data = path.read_bytes()[last.offset:last.offset + last.size]
-            with open(path, "ab") as f:
-                f.write(data[: torn % last.size])
-        stale_tx = self.open[0][0] if self.open else None
-        self.buf.reopen()
-        self.open.clear()
+    @rule(debris=st.booleans())
+    def restart(self, debris):
+        """Close (the staged chunk is written) and open again, after a crash's debris:
+        a temporary file and a chunk whose trajectories file never arrived."""
+        self.buf.close()
+        if self.staged:
+            self.chunks.append(self.staged)
+            self.staged = []
+        root = self.dir / "store"
+        if debris and self.buf.store.chunks:
+            newest = self.buf.store.chunks[-1]
+            for kind in ("steps", "calls"):
+                shutil.copy(root / kind / f"{newest:06d}.parquet", root / kind / f"{newest + 1:06d}.parquet")
+            shutil.copy(root / "trajectories" / f"{newest:06d}.parquet",
+                        root / "trajectories" / f".{newest + 1:06d}.parquet.tmp")
+        self.buf = self.open()
+        self.sync_evicted_chunks()
         self.fresh.clear()
         self.top.clear()
         self.turning.clear()
-        self.seen = set(self.stored_milestones)
+        self.seen = set().union(*(self.milestones[tid] for c in self.chunks for tid in c))
         assert self.buf.seen_milestones == self.seen
-        assert self.buf.store.to_pandas("trajectories")["traj_id"].tolist() == self.stored
-        if stale_tx is not None:
-            with pytest.raises(ValueError, match="no longer open|reopened"):
-                stale_tx.commit()
+        assert all(not p.name.startswith(".") for kind in KINDS for p in (root / kind).iterdir())
+        if self.chunks:  # (an empty folder reads as a frame without columns)
+            on_disk = pd.read_parquet(root / "trajectories").traj_id.tolist()
+            assert on_disk == [tid for c in self.chunks for tid in c]
 
     @invariant()
     def agrees_with_model(self):
         assert self.buf.fresh_ids == list(self.fresh)
         assert self.buf.calls == sum(n for n, _, _ in self.fresh.values()) <= CAP
         assert self.buf.elite_ids == sorted(set(self.top) | set(self.turning))
-        assert self.buf.store.ids() == self.stored
         assert len(self.buf) == len(self.held())
-        assert not {tx.id for tx, _ in self.open} & self.held()
+        store = self.buf.store
+        assert store.ids() == [tid for c in self.chunks for tid in c] + self.staged
+        assert store.nbytes <= MAX_BYTES or len(store.chunks) == 1
 
 
 TestBufferMachine = BufferMachine.TestCase

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -9,6 +10,7 @@ import yaml
 from gyre_ma.cli import main
 
 EXAMPLE = "gyre_ma.options.examples:breakfast"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -78,3 +80,32 @@ def test_user_errors_exit_2_without_traceback_and_debug_shows_it(tmp_path):
     assert out.returncode == 2 and "expected a .png or .dot" in out.stderr
     out = run_cli("graph", EXAMPLE, "--achieved", "pancakes", "--out", str(tmp_path / "g.png"))
     assert out.returncode == 2 and "'pancakes' is not a milestone" in out.stderr
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          check=False)
+
+
+def test_help_and_check_import_neither_torch_lightning_nor_ray():
+    # what --help and check need (config, env, library) must not drag in the learner's stack
+    out = run_python(
+        "import sys\n"
+        "from gyre_ma.cli import main\n"
+        "codes = [main(['--help']), main(['train', '--help']), main(['check', 'configs/quickstart.yaml'])]\n"
+        "print('codes', codes, 'heavy', [m for m in ('torch', 'lightning', 'ray') if m in sys.modules])\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "codes [0, 0, 0] heavy []" in out.stdout, out.stdout[-500:]
+
+
+def test_minigrid_example_without_minigrid_names_the_extra():
+    out = run_python(
+        "import sys\n"
+        "sys.modules['minigrid'] = None  # as if not installed\n"
+        "from gyre_ma.cli import main\n"
+        "sys.exit(main(['check', 'configs/minigrid_doorkey.yaml']))\n"
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("gyre-ma check: error:") and out.stderr.count("\n") == 1, out.stderr
+    assert "pip install 'gyre-ma[minigrid]'" in out.stderr and "Traceback" not in out.stderr

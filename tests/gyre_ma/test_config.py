@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from gyre_ma.cli import main
-from gyre_ma.config import ConfigError, ExperimentConfig, TrainConfig, dump_config, load_config, parse_config
+from gyre_ma.config import ConfigError, ExperimentConfig, dump_config, load_config, parse_config
 
 
 def test_defaults_validate_and_derived_values_are_properties():
-    cfg = parse_config({"name": "x", "train": {"episodes_per_iteration": 12, "group_size": 4}})
-    assert cfg.train.groups_per_iteration == 3
+    cfg = parse_config({"name": "x", "train": {"episodes_per_iteration": 12}, "roles": {"explorers": 1, "executors": 3}})
+    assert cfg.group_size == 4 and cfg.groups_per_iteration == 3
     assert str(cfg.run_dir) == "runs/x"
     with pytest.raises(Exception):
         cfg.train.lr = 1.0  # frozen
@@ -43,8 +43,11 @@ def test_errors_name_path_value_and_expectation():
         parse_config({"train": {"lr": -1}})
     with pytest.raises(ConfigError, match=r"unknown key 'credit.lamda'; accepted keys here: \['anchor_prior', 'gamma', 'lam'"):
         parse_config({"credit": {"lamda": 0.9}})
-    with pytest.raises(ConfigError, match=r"`episodes_per_iteration` \(10\) must be a multiple of `group_size` \(4\)"):
-        parse_config({"train": {"episodes_per_iteration": 10, "group_size": 4}})
+    with pytest.raises(ConfigError, match=r"`train.episodes_per_iteration` \(10\) must be a multiple of the group "
+                                          r"size, `roles.explorers` \(1\) \+ `roles.executors` \(3\) = 4"):
+        parse_config({"train": {"episodes_per_iteration": 10}})
+    with pytest.raises(ConfigError, match=r"`group_size` is not a key: .*`roles.explorers` \+ `roles.executors`"):
+        parse_config({"train": {"group_size": 4}})
 
 
 def test_yaml_roundtrip_and_overrides(tmp_path):
@@ -86,7 +89,8 @@ def invalid_configs(draw):
         return {section: draw(st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers(), max_size=2)))}, f"'{section}'"
     if kind == "groups":
         g = draw(st.integers(2, 9))
-        return {"train": {"group_size": g, "episodes_per_iteration": g * draw(st.integers(1, 5)) + 1}}, "episodes_per_iteration"
+        return {"roles": {"explorers": 1, "executors": g - 1},
+                "train": {"episodes_per_iteration": g * draw(st.integers(1, 5)) + 1}}, "episodes_per_iteration"
     numeric = {n: f for n, f in model.model_fields.items() if f.annotation in (int, float) or str(f.annotation) in ("int | None",)}
     literal = {n: f for n, f in model.model_fields.items() if "Literal" in str(f.annotation)}
     if kind == "bad_literal" and literal:
@@ -130,5 +134,22 @@ def test_generated_invalid_configs_exit_2_naming_the_key(tmp_path_factory, count
 
 
 def test_train_defaults_are_consistent():
-    t = TrainConfig()
-    assert t.episodes_per_iteration % t.group_size == 0
+    config = ExperimentConfig()
+    assert config.train.episodes_per_iteration % config.group_size == 0
+
+
+def test_trainer_section_builds_the_learners_fabric(tmp_path):
+    cfg = parse_config({})
+    assert (cfg.trainer.accelerator, cfg.trainer.devices, cfg.trainer.precision, cfg.trainer.strategy,
+            cfg.trainer.threads) == ("cpu", 1, "32-true", "auto", None)
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(cfg))
+    gpu = load_config(path, {"trainer.accelerator": "cuda", "trainer.devices": yaml.safe_load("[1]")})
+    assert gpu.trainer.accelerator == "cuda" and gpu.trainer.devices == [1]
+    with pytest.raises(ConfigError, match=r"'trainer.devices': must name one device .* \(got 2\)"):
+        parse_config({"trainer": {"devices": 2}})
+    with pytest.raises(ConfigError, match=r"'trainer.strategy': not a Fabric strategy; expected 'auto' or one of "
+                                          r"\[.*'ddp'.*\(got 'dpp'\)"):
+        parse_config({"trainer": {"strategy": "dpp"}})
+    with pytest.raises(ConfigError, match=r"'trainer.precision': Input should be '32-true', '64-true'"):
+        parse_config({"trainer": {"precision": "fp8"}})

@@ -377,7 +377,8 @@ def test_option_advantages_modes() -> None:
         lam=0.95,
     )
     milestones = torch.tensor([[False, True, False, True], [False, False, False, False]])
-    blend_args = dict(outcomes=torch.tensor([1.0, 0.0]), groups=torch.tensor([4, 4]), w_max=0.5)
+    blend_args = dict(outcomes=torch.tensor([1.0, 0.0]), groups=torch.tensor([4, 4]), w_max=0.5,
+                      outcome_credit="episode")
     plain = option_advantages(mode="plain", milestones=milestones, **x)
     assert all(torch.equal(p, q) for p, q in zip(plain, smdp_gae(**x)))
     segmented = option_advantages(mode="segmented", milestones=milestones, **x)
@@ -391,6 +392,18 @@ def test_option_advantages_modes() -> None:
         option_advantages(mode="segmented", **x)
     with pytest.raises(ValueError, match=r"missing \['outcomes', 'groups'\]"):
         option_advantages(mode="blend", milestones=milestones, **x)
+    with pytest.raises(ValueError, match=r"outcome_credit must be one of \['anchored', 'episode'\], got None"):
+        option_advantages(mode="blend", milestones=milestones, **(blend_args | {"outcome_credit": None}), **x)
+    with pytest.raises(ValueError, match=r"needs \['w_max'\] \(the config's credit settings\)"):
+        option_advantages(mode="blend", milestones=milestones, **(blend_args | {"w_max": None}), **x)
+    # GRPO: every call gets its episode's group-normalised outcome advantage; the critic
+    # still learns the segmented λ-returns
+    grpo, grpo_returns = option_advantages(mode="grpo", milestones=milestones, **blend_args, **x)
+    assert torch.equal(grpo_returns, segmented[1])
+    expected = group_outcome_advantages(outcomes=blend_args["outcomes"], groups=blend_args["groups"])
+    assert torch.equal(grpo, expected.unsqueeze(-1).expand(2, 4))
+    with pytest.raises(ValueError, match=r"mode 'grpo' needs outcomes and groups .* missing \['outcomes', 'groups'\]"):
+        option_advantages(mode="grpo", milestones=milestones, **x)
 
 
 def _seq_args(T: int = 4) -> dict:

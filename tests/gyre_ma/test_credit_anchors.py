@@ -97,7 +97,7 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
     call_milestones[0, 1, 0] = call_milestones[1, 1, 1] = True
     anchored = dict(verified_at=torch.tensor([[1, -1], [-1, 1]]), call_milestones=call_milestones,
                     at_end=torch.tensor([[False, False, True]] * 2), outcome_credit="anchored", anchor_prior=0.0,
-                    groups=torch.tensor([0, 1]), w_max=0.5)
+                    groups=torch.tensor([0, 1]), w_max=0.5, w_length=0.5)
     local, _ = segmented_gae(**x)
     blended, _ = option_advantages(mode="blend", outcomes=torch.tensor([1.0, 0.0]), **anchored, **x)
     assert close(blended, 0.5 * local + 0.5 * torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]]))
@@ -106,11 +106,11 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
     # the weight follows what separates the episodes: verified success (w_max), length alone
     # when every episode succeeded (w_length), nothing (0)
     credit = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
-    mixed, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x,
-                                 success=torch.tensor([True, False]), w_length=0.25)
+    mixed, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_length": 0.25}),
+                                 **x, success=torch.tensor([True, False]))
     assert close(mixed, 0.5 * local + 0.5 * credit)
-    faster, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.6]), **anchored, **x,
-                                  success=torch.tensor([True, True]), w_length=0.25)
+    faster, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.6]), **(anchored | {"w_length": 0.25}),
+                                  **x, success=torch.tensor([True, True]))
     assert close(faster, 0.75 * local + 0.25 * credit)
     full, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_max": 1.0}),
                                 **x, success=torch.tensor([True, False]))
@@ -119,10 +119,11 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
         option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x,
                           success=torch.tensor([True, True, False]))
     with pytest.raises(ValueError, match="w_length"):
-        option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x, w_length=1.5)
+        option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_length": 1.5}), **x)
     with pytest.raises(ValueError, match=r"needs verified_at .* missing \['call_milestones', 'at_end'\]"):
         option_advantages(mode="blend", outcomes=torch.tensor([1.0, 0.0]), groups=torch.tensor([0, 1]),
-                          outcome_credit="anchored", verified_at=anchored["verified_at"], **x)
+                          outcome_credit="anchored", verified_at=anchored["verified_at"], w_max=0.5, w_length=0.5,
+                          anchor_prior=1.0, **x)
     with pytest.raises(ValueError, match="outcome_credit must be one of"):
         option_advantages(mode="blend", outcomes=torch.tensor([1.0, 0.0]), groups=torch.tensor([0, 1]),
                           outcome_credit="calls", **x)

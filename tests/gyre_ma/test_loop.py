@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from gyre_ma.config import load_config
-from gyre_ma.loop import Gyre, episode_metrics
+from gyre_ma.loop import Gyre
+from gyre_ma.metrics import anchor_metrics, episode_metrics
+from gyre_ma.training_batch import anchor_inputs, build_batch, segment
 from gyre_ma.rollout import OptionCall, Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +57,7 @@ def test_every_call_carries_version_and_update_changes_policy():
         assert min(total, total * gamma ** (c.duration - 1)) - 1e-9 <= c.reward <= max(total, total * gamma ** (c.duration - 1)) + 1e-9
         if c.duration == 1:
             assert c.reward == pytest.approx(total)
-    seg = gyre.segment(trajectories)
-    batch = gyre.score(trajectories, seg)
+    batch = gyre.batch(trajectories)
     assert batch["advantage"].shape == batch["option"].shape
     assert all(torch.isfinite(v).all() for v in batch.values() if v.is_floating_point())
     gyre.update(batch, trajectories)
@@ -67,8 +68,7 @@ def test_every_call_carries_version_and_update_changes_policy():
 def test_nan_loss_skips_the_update():
     gyre, _ = run(DOORKEY, 1)
     trajectories, _ = gyre.rollout(1)
-    seg = gyre.segment(trajectories)
-    batch = gyre.score(trajectories, seg)
+    batch = gyre.batch(trajectories)
     batch["advantage"] = torch.full_like(batch["advantage"], math.nan)
     before = [p.clone() for p in gyre.policy.parameters()]
     metrics = gyre.fitter.fit(gyre.manager_module, batch, epochs=1, minibatch_size=64, generator=torch.Generator())
@@ -81,7 +81,7 @@ def test_centralised_critic_values_the_global_state():
     assert gyre.critic.body[0].in_features == gyre.state_scaler.dim + gyre.config.manager.agent_embedding
     trajectories, _ = gyre.rollout(2)
     assert all(c.state is not None and c.state.shape == (gyre.state_scaler.dim,) for t in trajectories for c in t.calls)
-    batch = gyre.score(trajectories, gyre.segment(trajectories))
+    batch = gyre.batch(trajectories)
     assert batch["state"].shape == (batch["option"].shape[0], gyre.state_scaler.dim)
     assert math.isfinite(history[-1]["value_loss"])
 
@@ -168,9 +168,9 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     gyre = Gyre(cfg)
     trajectories, _ = gyre.rollout(0)
     gyre.arbitrate(trajectories)
-    seg = gyre.segment(trajectories)
-    anchors = gyre._anchor_inputs(trajectories, seg)
     names = gyre.library.graph.names
+    seg = segment(trajectories, gyre.env.possible_agents)
+    anchors = anchor_inputs(trajectories, seg, names)
     for e, t in enumerate(trajectories):
         assert {names[m]: s for m, s in enumerate(anchors["verified_at"][e].tolist()) if s >= 0} == t.milestone_steps
     ending = {id(t.calls[i]) for t in trajectories for i in calls_at_end(t)}
@@ -180,9 +180,10 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
             assert {names[m] for m in verified} == set(c.milestones)
             assert bool(anchors["at_end"][r, i]) == (id(c) in ending)
     quiet = torch.tensor([not c.milestones and id(c) not in ending for row in seg.calls for c in row])
-    anchored = gyre.score(trajectories, seg)["advantage"]
-    gyre.config = cfg.model_copy(update={"credit": cfg.credit.model_copy(update={"mode": "segmented"})})
-    local = gyre.score(trajectories, seg)["advantage"]
+    parts = dict(featurizer=gyre.featurizer, critic=None, state_scaler=None, names=names)
+    anchored = build_batch(trajectories, seg, config=cfg, **parts)["advantage"]
+    segmented = cfg.model_copy(update={"credit": cfg.credit.model_copy(update={"mode": "segmented"})})
+    local = build_batch(trajectories, seg, config=segmented, **parts)["advantage"]
     outcomes = episode_outcomes(success=torch.tensor([t.success for t in trajectories]),
                                 length=torch.tensor([t.length for t in trajectories]),
                                 horizon=torch.tensor([t.horizon for t in trajectories]),
@@ -195,7 +196,7 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet], atol=1e-6)
     # the logged anchor values: per milestone, the shrunk mean outcome of the episodes that
     # verified it, less the batch's mean outcome (0 for a milestone no episode verified)
-    logged = gyre.anchor_metrics(trajectories)
+    logged = anchor_metrics(trajectories, cfg.credit, names)
     assert set(logged) == {f"anchor/{m}" for m in names}
     mean, prior = outcomes.mean().item(), cfg.credit.anchor_prior
     for m in names:
@@ -205,4 +206,4 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     assert any(v != 0 for v in logged.values())
     trajectories[0].milestone_steps["find_unicorn"] = 3                 # e.g. a trajectory of another library
     with pytest.raises(ValueError, match=r"verified milestone 'find_unicorn', which is not in the task graph"):
-        gyre._anchor_inputs(trajectories, seg)
+        anchor_inputs(trajectories, seg, names)

@@ -124,13 +124,13 @@ def test_nan_rewards_skip_updates_then_roll_back(tmp_path):
     cfg = load_config(DOORKEY, {"checkpoints.nan_max_consecutive": 2, "roles.evaluators": 0})
     gyre = Gyre(cfg, tmp_path / "run")
     gyre.iteration(0)
-    score = gyre.score
+    build = gyre.batch
 
-    def poisoned(trajectories, seg):
-        batch = score(trajectories, seg)
+    def poisoned(trajectories):
+        batch = build(trajectories)
         return dict(batch, advantage=torch.full_like(batch["advantage"], math.nan))
 
-    gyre.score = poisoned
+    gyre.batch = poisoned
     before = {k: v.clone() for k, v in gyre.policy.state_dict().items()}
     first = gyre.iteration(1)
     assert first["update_skipped"] == 1.0 and first.get("checkpoint/rolled_back", 0.0) == 0.0

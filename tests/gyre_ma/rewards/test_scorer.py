@@ -63,7 +63,7 @@ def test_scores_every_call_traceably_and_applies_the_totals(setup):
             assert sum("rule:report_complete_when_written" in b.sources for b in bds) >= 1
         else:  # the random manager submits without compliance: vetoed and penalised
             assert all(b.guard for b in bds) and total < 0
-    apply_breakdowns(trajs, scored.breakdowns)
+    apply_breakdowns(trajs, scored.breakdowns, gamma=1.0)
     assert all(c.reward == c.breakdown.total for t in trajs for c in t.calls)
     m = scored.metrics
     assert m["reward/vetoed_episodes"] == 0.5 and m["rules/violation_rate"] == 0.5

@@ -1,0 +1,48 @@
+"""Per-iteration metrics of the learner's episodes, as flat ``{name: float}`` mappings."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gyre_ma.config import CreditConfig
+from gyre_ma.credit import anchor_values
+from gyre_ma.rewards.milestones import calls_at_end, last_calls
+from gyre_ma.rollout import Trajectory
+from gyre_ma.training_batch import outcomes, verified_at
+
+
+def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...]) -> dict[str, float]:
+    """Success, length, reward, calls and verified progress, means over ``trajectories``;
+    ``milestone/<m>``: the share of episodes that verified m."""
+    n = max(len(trajectories), 1)
+    out = {
+        "success_rate": sum(t.success for t in trajectories) / n,
+        "episode_length": float(np.mean([t.length for t in trajectories])) if trajectories else 0.0,
+        "episode_reward": float(np.mean([t.total_reward for t in trajectories])) if trajectories else 0.0,
+        "option_calls": float(np.mean([len(t.calls) for t in trajectories])) if trajectories else 0.0,
+        # verified progress short of completion: the calls alarms weigh calls against it
+        "milestones_verified": float(np.mean([len(set(t.milestone_steps) & set(milestones)) for t in trajectories]))
+        if trajectories else 0.0,
+        # agents that died (or left) before the episode ended: a team that sheds members
+        # while success holds is slower, and once was a reward hack (see rewards.arbiter)
+        "agents_lost": float(np.mean([len(last_calls(t)) - len(calls_at_end(t)) for t in trajectories]))
+        if trajectories else 0.0,
+    }
+    tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
+    if tools:
+        out["tool_calls"] = float(np.mean(tools))
+    for m in milestones:
+        out[f"milestone/{m}"] = sum(m in t.milestone_steps for t in trajectories) / n
+    return out
+
+
+def anchor_metrics(trajectories: list[Trajectory], credit: CreditConfig, names: tuple[str, ...]) -> dict[str, float]:
+    """``anchor/<milestone>``: V(m) − ō over these episodes, what verifying m says about the
+    outcome (negative: episodes that verify it end worse; 0: not verified or not telling).
+    The values anchored credit uses, before its scaling, on the rollout alone (the
+    training batch may add buffer elites)."""
+    if not trajectories:
+        return {}
+    mean, values = anchor_values(outcomes=outcomes(trajectories, credit), verified_at=verified_at(trajectories, names),
+                                 prior=credit.anchor_prior)
+    return {f"anchor/{name}": float(v - mean) for name, v in zip(names, values, strict=True)}

@@ -1,0 +1,180 @@
+"""The training batch built from trajectories: B segment and C score, as functions.
+
+:func:`segment` lays trajectories out as rows (one per episode × agent) of option calls;
+:func:`build_batch` turns them into option-level advantages (milestone-anchored, blended
+with the verified outcome) and critic targets, one tensor per key of :mod:`gyre_ma.batch`.
+Everything here is a function of (trajectories, config, featurizer, critic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from gyre_ma import batch as B
+from gyre_ma.credit import episode_outcomes, option_advantages, smdp_returns
+from gyre_ma.rewards.milestones import calls_at_end
+from gyre_ma.rollout import OptionCall, Trajectory
+
+if TYPE_CHECKING:
+    from gyre_ma.agents.manager import Critic, Featurizer, StateScaler
+    from gyre_ma.config import CreditConfig, ExperimentConfig
+
+
+@dataclass
+class Segments:
+    """Trajectories laid out as rows (one per episode × agent) of option calls."""
+
+    calls: list[list[OptionCall]]
+    episode: torch.Tensor
+    """long [R]: the episode (index into the trajectories) of each row."""
+    bootstrap: list[tuple[Any, frozenset[str], int, Any] | None]
+    """Per row, where the episode was cut rather than ended: (obs, achieved, agent, state)."""
+
+    @property
+    def width(self) -> int:
+        return max((len(r) for r in self.calls), default=0)
+
+
+@dataclass(frozen=True)
+class _FinalState:
+    """A state after the last option call, shaped like a Decision for the featurizer."""
+
+    observation: Any
+    achieved: frozenset[str]
+    last_option: int
+    time_fraction: float = 1.0
+
+
+def segment(trajectories: list[Trajectory], agents: list[str]) -> Segments:
+    """One row per (episode, agent) that made a call, in trajectory then agent order."""
+    calls, episode, bootstrap = [], [], []
+    for e, traj in enumerate(trajectories):
+        for i, agent in enumerate(agents):
+            row = traj.agent_calls(agent)
+            if not row:
+                continue
+            calls.append(row)
+            episode.append(e)
+            final = traj.final.get(agent)
+            cut = final is not None and not row[-1].terminated
+            bootstrap.append((*final, i, traj.final_state) if cut else None)
+    return Segments(calls, torch.tensor(episode, dtype=torch.long), bootstrap)
+
+
+def outcomes(trajectories: list[Trajectory], credit: CreditConfig) -> torch.Tensor:
+    """Each episode's verified outcome [E] (success, less the length term)."""
+    return episode_outcomes(
+        success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
+        length=torch.tensor([t.length for t in trajectories]),
+        horizon=torch.tensor([t.horizon for t in trajectories]),
+        length_weight=credit.outcome_length_weight)
+
+
+def verified_at(trajectories: list[Trajectory], names: tuple[str, ...]) -> torch.Tensor:
+    """The step each episode verified each task-graph milestone, [E, M] (−1 never)."""
+    index = {name: m for m, name in enumerate(names)}
+    out = torch.full((len(trajectories), len(names)), -1, dtype=torch.long)
+    for e, traj in enumerate(trajectories):
+        for name, step in traj.milestone_steps.items():
+            if name not in index:
+                raise ValueError(f"episode of task seed {traj.task_seed} verified milestone {name!r}, which "
+                                 f"is not in the task graph; expected one of {list(names)}")
+            out[e, index[name]] = step
+    return out
+
+
+def anchor_inputs(trajectories: list[Trajectory], seg: Segments, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """What milestone-anchored outcome credit reads: the step each episode verified each
+    milestone ([E, M], −1 never), the milestones each call verified ([R, T, M]) and the
+    calls running when their episode ended ([R, T])."""
+    index = {name: m for m, name in enumerate(names)}
+    R, T = len(seg.calls), seg.width
+    call_milestones = np.zeros((R, T, len(names)), dtype=bool)
+    at_end = np.zeros((R, T), dtype=bool)
+    ending = {id(traj.calls[i]) for traj in trajectories for i in calls_at_end(traj)}
+    for r, row in enumerate(seg.calls):
+        for t, call in enumerate(row):
+            for name in call.milestones:
+                call_milestones[r, t, index[name]] = True
+            at_end[r, t] = id(call) in ending
+    return {"verified_at": verified_at(trajectories, names), "call_milestones": torch.from_numpy(call_milestones),
+            "at_end": torch.from_numpy(at_end)}
+
+
+@torch.no_grad()
+def bootstrap_values(seg: Segments, *, featurizer: Featurizer, critic: Critic | None,
+                     state_scaler: StateScaler | None = None) -> torch.Tensor:
+    """Critic value [R] of each row's last state where the episode was cut, not ended; 0
+    elsewhere, and everywhere while there is no trained critic (``critic`` None)."""
+    out = torch.zeros(len(seg.calls))
+    if critic is None:
+        return out
+    feats, agents, rows = [], [], []
+    for r, final in enumerate(seg.bootstrap):
+        if final is not None:
+            obs, achieved, agent, state = final
+            feats.append(state_scaler(state) if state_scaler else
+                         featurizer(_FinalState(obs, achieved, seg.calls[r][-1].option)))
+            agents.append(agent)
+            rows.append(r)
+    if rows:
+        out[rows] = critic(torch.from_numpy(np.stack(feats)), torch.tensor(agents))
+    return out
+
+
+def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: ExperimentConfig, featurizer: Featurizer,
+                critic: Critic | None, state_scaler: StateScaler | None, names: tuple[str, ...]) -> B.Batch:
+    """C: option-level advantages and critic targets for the segmented ``trajectories``, one
+    tensor per key, a row per option call. ``critic`` None: no bootstrap values yet."""
+    R, T = len(seg.calls), seg.width
+    f32 = dict(dtype=torch.float32)
+    rewards, values = torch.zeros(R, T, **f32), torch.zeros(R, T, **f32)
+    durations = torch.ones(R, T, dtype=torch.long)
+    terminated, truncated, milestones, mask = (torch.zeros(R, T, dtype=torch.bool) for _ in range(4))
+    for r, row in enumerate(seg.calls):
+        n = len(row)
+        rewards[r, :n] = torch.tensor([c.reward for c in row])
+        values[r, :n] = torch.tensor([c.value for c in row])
+        durations[r, :n] = torch.tensor([max(c.duration, 1) for c in row])
+        terminated[r, :n] = torch.tensor([c.terminated for c in row])
+        truncated[r, :n] = torch.tensor([c.truncated for c in row])
+        milestones[r, :n] = torch.tensor([bool(c.milestones) for c in row])
+        mask[r, :n] = True
+    credit = config.credit
+    anchors = anchor_inputs(trajectories, seg, names) if credit.anchored else {}
+    advantages, returns = option_advantages(
+        mode="grpo" if config.train.objective == "grpo" else credit.mode,
+        rewards=rewards, values=values, durations=durations,
+        terminated=terminated, truncated=truncated, gamma=credit.gamma, lam=credit.lam,
+        milestones=milestones, mask=mask, episode_index=seg.episode,
+        bootstrap_value=bootstrap_values(seg, featurizer=featurizer, critic=critic, state_scaler=state_scaler),
+        outcomes=outcomes(trajectories, credit),
+        groups=torch.tensor([t.task_seed for t in trajectories], dtype=torch.long),
+        success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
+        w_max=credit.blend_weight, w_length=credit.outcome_weight_succeeded, std_ref=0.5,
+        outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior, **anchors,
+    )
+    # critic targets: Monte-Carlo SMDP returns on rows the env ended, λ-returns elsewhere
+    monte_carlo = smdp_returns(rewards=rewards, durations=durations, terminated=terminated,
+                               truncated=torch.zeros_like(truncated), gamma=credit.gamma,
+                               bootstrap_value=torch.zeros(R), mask=mask)
+    ended = terminated[torch.arange(R), mask.sum(1) - 1]
+    returns = torch.where(ended.unsqueeze(-1), monte_carlo, returns)
+    flat = [c for row in seg.calls for c in row]
+    extra = {}
+    if state_scaler is not None:
+        extra[B.STATE] = torch.from_numpy(np.stack([state_scaler(c.state) for c in flat]))
+    return extra | {
+        B.FEATURES: torch.from_numpy(featurizer.many(flat)),
+        B.AGENT: torch.tensor([c.agent_index for c in flat], dtype=torch.long),
+        B.MASK: torch.from_numpy(np.stack([c.mask for c in flat])),
+        B.OPTION: torch.tensor([c.option for c in flat], dtype=torch.long),
+        B.LOG_PROB: torch.tensor([c.log_prob for c in flat], dtype=torch.float32),
+        B.VALUE: values[mask],
+        B.ADVANTAGE: advantages[mask],
+        B.RETURN: returns[mask],
+    }

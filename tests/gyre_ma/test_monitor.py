@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import csv
+import math
+import sys
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gyre_ma.monitor import Monitor, plot_run, read_metrics
+
+
+def rows(path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def iteration(i: int, **extra: float) -> dict[str, float]:
+    return {"iteration": float(i), "env_steps": 100.0 * (i + 1), "success_rate": i / 10,
+            "episode_length": 50.0 - i, "episode_reward": float(i)} | extra
+
+
+def test_a_key_first_logged_later_reaches_the_csv_and_tensorboard(tmp_path):
+    monitor = Monitor(tmp_path)
+    for i in range(3):
+        extra = {"staleness/lag": 0.5 * i} if i >= 1 else {}
+        metrics = iteration(i, **extra)
+        monitor.log(metrics, step=int(metrics["env_steps"]))
+        assert len(rows(tmp_path / "metrics.csv")) == i + 1  # written as it is logged, not at close
+    monitor.close()
+    logged = rows(tmp_path / "metrics.csv")
+    assert [r["iteration"] for r in logged] == ["0.0", "1.0", "2.0"]
+    assert [r["step"] for r in logged] == ["100", "200", "300"]  # env steps are the x-axis
+    assert [r["staleness/lag"] for r in logged] == ["", "0.5", "1.0"]
+    lag = read_metrics(tmp_path / "metrics.csv")["staleness/lag"]
+    assert math.isnan(lag[0]) and lag[1:].tolist() == [0.5, 1.0]
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("staleness/lag")] == [(200, 0.5), (300, 1.0)]
+    assert [e.step for e in events.Scalars("iteration")] == [100, 200, 300]
+    assert monitor.history[1]["staleness/lag"] == 0.5
+
+
+def test_resuming_keeps_the_rows_before_it_as_they_were(tmp_path):
+    monitor = Monitor(tmp_path)
+    for i in range(4):  # the run was killed after logging iteration 3; its checkpoint says 2
+        monitor.log(iteration(i), step=100 * (i + 1))
+    monitor.close()
+    before = rows(tmp_path / "metrics.csv")
+    resumed = Monitor(tmp_path, resume_at=2)
+    assert rows(tmp_path / "metrics.csv") == before[:2]
+    for i in (2, 3):
+        resumed.log(iteration(i, **{"alarm/active": 1.0}), step=100 * (i + 1))
+    resumed.close()
+    after = rows(tmp_path / "metrics.csv")
+    assert [r["iteration"] for r in after] == ["0.0", "1.0", "2.0", "3.0"]
+    assert [{k: v for k, v in r.items() if k != "alarm/active"} for r in after[:2]] == before[:2]
+    assert [r["alarm/active"] for r in after] == ["", "", "1.0", "1.0"]
+
+
+def test_plot_reads_the_csv_without_pandas(tmp_path, monkeypatch):
+    monitor = Monitor(tmp_path)
+    for i in range(3):
+        monitor.log(iteration(i, **{"milestone/a": i / 2, "curriculum_phase": float(i > 1)}), step=100 * (i + 1))
+    monitor.close()
+    monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
+    png = plot_run(tmp_path, tmp_path / "curves.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -265,13 +265,13 @@ class Exploration(Protocol):
 class ParamNoise:
     """Adaptive parameter-space noise: σ tracks an annealed KL target δ."""
 
-    def __init__(self, target: AnnealSchedule | float = 0.05, *, initial_sigma: float = 0.05,
-                 adaptation: float = 1.01, adapt_steps: int = 1, min_sigma: float = 1e-6,
-                 max_sigma: float = 10.0, window: int = 1024, include_layernorm: bool = False,
-                 seed: int = 0) -> None:
+    def __init__(self, target: AnnealSchedule | float, *, adaptation: float, adapt_steps: int,
+                 initial_sigma: float = 0.05, min_sigma: float = 1e-6, max_sigma: float = 10.0,
+                 window: int = 1024, include_layernorm: bool = False, seed: int = 0) -> None:
         """``adaptation`` is α (1.01 in the paper, which adapts every few dozen env steps);
         ``adapt_steps`` adaptations run per :meth:`update` (once per iteration here), so
-        σ can move by up to α^adapt_steps per iteration."""
+        σ can move by up to α^adapt_steps per iteration. Both come from the config
+        (:class:`~gyre_ma.config.NoiseConfig`), which owns their defaults."""
         if adaptation <= 1.0:
             raise ValueError(f"adaptation coefficient α must be > 1, got {adaptation}")
         if adapt_steps < 1:

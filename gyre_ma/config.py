@@ -54,34 +54,25 @@ class CreditConfig(_Section):
     lam: float = Field(0.95, ge=0.0, le=1.0)
     """GAE λ."""
     outcome_weight: float | None = Field(None, ge=0.0, le=1.0)
-    """Largest weight w of the global outcome advantage in the blend (1 − w goes to the local,
-    segmented GAE). None: the measured default of ``outcome_credit`` (:attr:`blend_weight`),
-    1 for ``anchored`` and 0.5 for ``episode``."""
+    """Largest weight w in [0, 1] of the global outcome credit in the blend (1 − w goes to the
+    local, segmented GAE). None: the default of ``outcome_credit`` (:attr:`blend_weight`)."""
     outcome_length_weight: float = Field(0.5, ge=0.0, lt=1.0)
-    """κ: a verified success's outcome is 1 − κ · length / horizon (a failure's stays 0), so
-    a group whose episodes all succeed still prefers its faster ones instead of saying
-    nothing; 0 judges on verified success alone. Used by ``blend`` and the GRPO objective.
-    On the default tech-tree task 0.5 reached 90 % success in 0.79× the env steps of 0
-    (medians of 5 seeds, 30 iterations; ``benchmarks/results``)."""
+    """κ in [0, 1): a verified success's outcome is 1 − κ · length / horizon (a failure's stays
+    0), so a group whose episodes all succeed still prefers its faster ones; 0 judges on
+    verified success alone. Used by ``blend`` and the GRPO objective."""
     outcome_credit: Literal["anchored", "episode"] = "anchored"
     """How ``blend`` spreads the outcome over an episode's calls: ``anchored`` credits it to the
-    calls whose verified milestones moved the expected outcome (each milestone's value is
-    the batch's mean outcome after it; ``gyre_ma.credit.anchors``); ``episode`` gives every
-    call its episode's group-normalised outcome advantage (GRPO). Anchored credit takes the
-    weight ``outcome_weight`` whenever the batch's outcomes differ, and the local credit alone
-    drives learning while they do not (every episode failed, say). On the default tech-tree
-    task, at weight 0.5, it reached 90 % success in a median 240k env steps against 491k for
-    ``episode`` (seeds 0-4, 30 iterations; ``benchmarks/results``)."""
+    calls whose verified milestones moved the expected outcome (each milestone's value is the
+    batch's mean outcome after it; :mod:`gyre_ma.credit.anchors`), with weight
+    ``outcome_weight`` while the batch's outcomes differ and 0 while they do not; ``episode``
+    gives every call its episode's group-normalised outcome advantage (GRPO)."""
     anchor_prior: float = Field(1.0, ge=0.0)
-    """Pseudo-episodes at the batch's mean outcome added to each milestone's anchor value,
-    so a milestone few episodes verified is not given an extreme value."""
-
+    """Pseudo-episodes (≥ 0) at the batch's mean outcome added to each milestone's anchor
+    value, so a milestone few episodes verified is not given an extreme value."""
     outcome_weight_succeeded: float = Field(0.5, ge=0.0, le=1.0)
-    """Weight of anchored credit when every episode of the batch succeeded, so that only the
-    outcome's length term (κ) separates them: the local credit, which prices each call's
-    time, keeps a share while the policy is refined. On the default tech-tree task (seeds
-    0-9, 30 iterations) 1 left held-out success at 0.9-1.0 and length at 1.24× the
-    oracle's; 0.5 gave 0.95-1.0 and 1.17×."""
+    """Weight in [0, 1] of anchored credit when every episode of the batch succeeded, so that
+    only the outcome's length term (κ) separates them: the local credit, which prices each
+    call's time, keeps the rest while the policy is refined."""
 
     @property
     def anchored(self) -> bool:
@@ -90,13 +81,11 @@ class CreditConfig(_Section):
 
     @property
     def blend_weight(self) -> float:
-        """``outcome_weight``, or where it is None the default measured for ``outcome_credit``.
-
-        ``anchored``: 1. While verified success differs within the batch its credit replaces
-        the local term: on the default tech-tree task (2 agents, 30 iterations) it reached
-        90 % success in a median 229k env steps over seeds 0-29 against 271k at 0.5, faster
-        on 22 of the 30 seeds. ``episode``: 0.5, as measured in session 5, where every call
-        of an episode gets the same outcome advantage and the local term tells them apart."""
+        """``outcome_weight``, or where it is None the default of ``outcome_credit``: 1 for
+        ``anchored`` (while verified success differs within the batch its credit replaces the
+        local term), 0.5 for ``episode`` (every call of an episode gets the same outcome
+        advantage, and the local term tells them apart). The measurements behind these
+        defaults are in ``benchmarks/results/README.md``."""
         if self.outcome_weight is not None:
             return self.outcome_weight
         return 1.0 if self.outcome_credit == "anchored" else 0.5

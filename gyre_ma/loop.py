@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from gyre_ma import batch as B
@@ -23,25 +22,18 @@ from gyre_ma.backends.worker import RolloutKit, policy_weights
 from gyre_ma.buffer import TrajectoryBuffer
 from gyre_ma.checkpoints import ValidationDecision, apply_lr_scale, parameter_step_size, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
-from gyre_ma.curriculum import PHASES, Curriculum
+from gyre_ma.curriculum import Curriculum
 from gyre_ma.metrics import anchor_metrics, episode_metrics
 from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
-from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, validation_tasks
+from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
 from gyre_ma.stability import Stability
-from gyre_ma.staleness import filter_stale
+from gyre_ma.staleness import fresh_with_metrics
 from gyre_ma.store import TrajectoryStore
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
 from gyre_ma.trainers.manager import ManagerModule
-from gyre_ma.training_batch import build_batch, segment
-
-__all__ = ["Gyre", "task_seed"]
-
-
-def task_seed(seed: int, iteration: int, group: int) -> int:
-    """Distinct, reproducible task seeds per (run seed, iteration, group)."""
-    return int(np.random.SeedSequence([seed, iteration, group]).generate_state(1)[0])
+from gyre_ma.training_batch import build_batch, segment, warm_start_value
 
 
 class Gyre:
@@ -106,10 +98,8 @@ class Gyre:
         b = self.config.backend
         metrics: dict[str, float] = {}
         if b.async_rollouts and self.backend.pending:
-            trajectories, dropped = filter_stale(self.backend.poll(timeout=None), current_version=self.version,
-                                                 max_staleness=b.max_staleness)
-            lag = [self.version - t.policy_version for t in trajectories]
-            metrics |= {"staleness/dropped": float(dropped), "staleness/lag": float(np.mean(lag) if lag else 0.0)}
+            trajectories, metrics = fresh_with_metrics(self.backend.poll(timeout=None), current_version=self.version,
+                                                       max_staleness=b.max_staleness)
         else:
             trajectories = self.backend.collect(self.weights(), self.version, self.tasks(iteration))
         if self.verifier is not None:
@@ -153,8 +143,10 @@ class Gyre:
                                                step=self.next_iteration)
         if guard.skip:
             return {"update_skipped": 1.0} | (self._restore(rollback) if rollback is not None else {})
-        if not self.critic_initialised:
-            self._warm_start_critic(trajectories)
+        if not self.critic_initialised:  # values start at mean per-step reward / (1 − γ)
+            self.critic.initialise(warm_start_value(trajectories, gamma=self.config.credit.gamma,
+                                                    agents=len(self.env.possible_agents)))
+            self.critic_initialised = True
         before = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
         lr_scale = t.lr_factor(self.next_iteration) * (self.checkpoints.lr_scale if self.checkpoints else 1.0)
         if t.lr_schedule != "constant":  # otherwise the LR changes only at a rollback (_restore)
@@ -203,14 +195,6 @@ class Gyre:
                 self.buffer.purge(min_version=version)
             out["checkpoint/rolled_back"] = 1.0
         return out
-
-    def _warm_start_critic(self, trajectories: list[Trajectory]) -> None:
-        """Initialise values conservatively at mean per-step reward / (1 − γ)."""
-        steps = sum(max(t.length, 1) * len(self.env.possible_agents) for t in trajectories)
-        mean_reward = sum(c.reward for t in trajectories for c in t.calls) / max(steps, 1)
-        gamma = self.config.credit.gamma
-        self.critic.initialise(mean_reward / (1.0 - gamma) if gamma < 1 else mean_reward)
-        self.critic_initialised = True
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.manager_module.optimizers().optimizer, self.critic_module.optimizers().optimizer]

@@ -235,6 +235,11 @@ def default_roles(*, elite_min_score: float | None = None) -> dict[str, Role]:
 
 
 # ---------------------------------------------------------------------------- task plans
+def task_seed(seed: int, iteration: int, group: int) -> int:
+    """Distinct, reproducible task seeds per (run seed, iteration, group)."""
+    return int(np.random.SeedSequence([seed, iteration, group]).generate_state(1)[0])
+
+
 def iteration_tasks(*, seeds: Sequence[int], explorers: int, executors: int,
                     noise: Mapping[str, NoiseSetting], max_steps: int | None = None) -> list[RolloutTask]:
     """Per task seed, ``executors`` executor episodes then ``explorers`` explorer episodes

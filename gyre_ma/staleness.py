@@ -40,3 +40,12 @@ def filter_stale(items: Iterable[T], *, current_version: int, max_staleness: int
         else:
             dropped += 1
     return kept, dropped
+
+
+def fresh_with_metrics(items: Iterable[T], *, current_version: int,
+                       max_staleness: int) -> tuple[list[T], dict[str, float]]:
+    """:func:`filter_stale`, with ``staleness/dropped`` (items dropped) and ``staleness/lag``
+    (mean age in policy versions of those kept) as metrics."""
+    kept, dropped = filter_stale(items, current_version=current_version, max_staleness=max_staleness)
+    lag = sum(current_version - item.policy_version for item in kept) / len(kept) if kept else 0.0
+    return kept, {"staleness/dropped": float(dropped), "staleness/lag": float(lag)}

@@ -178,3 +178,11 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
         B.ADVANTAGE: advantages[mask],
         B.RETURN: returns[mask],
     }
+
+
+def warm_start_value(trajectories: list[Trajectory], *, gamma: float, agents: int) -> float:
+    """A conservative first value for the critic: the mean per-agent, per-step option
+    reward of ``trajectories`` over 1 − γ (the value of earning it forever)."""
+    steps = sum(max(t.length, 1) * agents for t in trajectories)
+    mean_reward = sum(c.reward for t in trajectories for c in t.calls) / max(steps, 1)
+    return mean_reward / (1.0 - gamma) if gamma < 1 else mean_reward

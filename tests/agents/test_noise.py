@@ -43,7 +43,7 @@ def policy(seed: int = 0) -> ManagerPolicy:
 @pytest.mark.parametrize("delta", [0.01, 0.1])
 def test_sigma_adapts_until_the_distance_tracks_the_target(delta):
     pol = policy()
-    noise = ParamNoise(delta, initial_sigma=0.01, adaptation=1.05, seed=0)
+    noise = ParamNoise(delta, initial_sigma=0.01, adaptation=1.05, seed=0, adapt_steps=1)
     noise.observe(*states(128))
     distances = [noise.adapt(pol) for _ in range(200)]
     # σ's random walk settles where half the draws fall below δ: the median tracks δ
@@ -55,7 +55,7 @@ def test_a_larger_target_needs_a_larger_sigma():
     pol, s = policy(), states(128)
     sigmas = []
     for delta in (0.01, 0.2):
-        noise = ParamNoise(delta, initial_sigma=0.05, adaptation=1.05, seed=0)
+        noise = ParamNoise(delta, initial_sigma=0.05, adaptation=1.05, seed=0, adapt_steps=1)
         noise.observe(*s)
         for _ in range(150):
             noise.adapt(pol)
@@ -64,7 +64,7 @@ def test_a_larger_target_needs_a_larger_sigma():
 
 
 def test_no_states_means_no_measurement_and_no_adaptation():
-    noise = ParamNoise(0.1, initial_sigma=0.2)
+    noise = ParamNoise(0.1, initial_sigma=0.2, adaptation=1.01, adapt_steps=1)
     assert math.isnan(noise.adapt(policy()))
     assert noise.sigma == 0.2 and math.isnan(noise.distance)
 
@@ -89,8 +89,8 @@ def test_schedule_values_stay_between_endpoints(kind, start, end, p):
 
 def test_noise_target_anneals_with_updates_and_roles_have_their_own_schedule():
     pol = policy()
-    explorer = ParamNoise(AnnealSchedule(0.5, 0.1, steps=4, kind="cosine"))
-    executor = ParamNoise(AnnealSchedule(0.05, 0.001, steps=4, kind="exponential"))
+    explorer = ParamNoise(AnnealSchedule(0.5, 0.1, steps=4, kind="cosine"), adaptation=1.01, adapt_steps=1)
+    executor = ParamNoise(AnnealSchedule(0.05, 0.001, steps=4, kind="exponential"), adaptation=1.01, adapt_steps=1)
     for noise in (explorer, executor):
         noise.observe(*states(32))
         for _ in range(6):
@@ -107,7 +107,7 @@ def test_bad_schedules_and_settings_are_rejected_with_the_value():
     with pytest.raises(ValueError, match="epsilon must be in"):
         NoiseSetting("epsilon", 1.5)
     with pytest.raises(ValueError, match="adaptation coefficient"):
-        ParamNoise(0.1, adaptation=1.0)
+        ParamNoise(0.1, adaptation=1.0, adapt_steps=1)
 
 
 def test_perturbation_is_deterministic_given_a_seed_and_spares_layernorm():
@@ -207,12 +207,12 @@ def test_masked_kl_ignores_masked_entries():
 
 def test_state_dict_round_trip_continues_identically():
     pol, s = policy(), states(64)
-    a = ParamNoise(AnnealSchedule(0.1, 0.01, 10, "linear"), initial_sigma=0.02, adaptation=1.1, seed=5)
+    a = ParamNoise(AnnealSchedule(0.1, 0.01, 10, "linear"), initial_sigma=0.02, adaptation=1.1, seed=5, adapt_steps=1)
     a.observe(*s)
     for _ in range(3):
         a.update(pol)
     state = a.state_dict()
-    b = ParamNoise(AnnealSchedule(0.1, 0.01, 10, "linear"), initial_sigma=0.02, adaptation=1.1, seed=99)
+    b = ParamNoise(AnnealSchedule(0.1, 0.01, 10, "linear"), initial_sigma=0.02, adaptation=1.1, seed=99, adapt_steps=1)
     b.load_state_dict(state)
     assert (b.sigma, b.target, b.position) == (a.sigma, a.target, a.position)
     assert a.update(pol) == b.update(pol)
@@ -221,7 +221,7 @@ def test_state_dict_round_trip_continues_identically():
 
 
 def test_make_exploration_builds_each_kind():
-    assert isinstance(make_exploration("param", 0.1, seed=1), ParamNoise)
+    assert isinstance(make_exploration("param", 0.1, adaptation=1.05, adapt_steps=10, seed=1), ParamNoise)
     eps = make_exploration("epsilon", AnnealSchedule(0.3, 0.05, 10))
     assert isinstance(eps, ActionNoise) and eps.setting() == NoiseSetting("epsilon", 0.3)
     assert make_exploration("none", 0.0).setting().kind == "none"

@@ -166,7 +166,7 @@ def test_kit_builds_baseline_managers_too():
 def test_role_noise_updates_each_role_and_logs_per_role(doorkey):
     worker, _ = doorkey
     policy = worker.kit.policy
-    noise = RoleNoise({"explorer": ParamNoise(AnnealSchedule(0.3, 0.1, 2), seed=1),
+    noise = RoleNoise({"explorer": ParamNoise(AnnealSchedule(0.3, 0.1, 2), seed=1, adaptation=1.01, adapt_steps=1),
                        "executor": ActionNoise("epsilon", AnnealSchedule(0.1, 0.01, 2))})
     traj = worker.run(RolloutTask("executor", 5), None, worker.kit.version)
     features = torch.from_numpy(np.stack([worker.kit.featurizer(c) for c in traj.calls]))
@@ -180,12 +180,12 @@ def test_role_noise_updates_each_role_and_logs_per_role(doorkey):
     assert before["executor"] == NoiseSetting("epsilon", 0.1)
     assert noise.settings()["executor"].scale == pytest.approx(0.055)
     assert noise.settings()["explorer"].scale != before["explorer"].scale
-    restored = RoleNoise({"explorer": ParamNoise(AnnealSchedule(0.3, 0.1, 2), seed=9),
+    restored = RoleNoise({"explorer": ParamNoise(AnnealSchedule(0.3, 0.1, 2), seed=9, adaptation=1.01, adapt_steps=1),
                           "executor": ActionNoise("epsilon", AnnealSchedule(0.1, 0.01, 2))})
     restored.load_state_dict(noise.state_dict())
     assert restored.settings() == noise.settings() and restored.metrics() == noise.metrics()
     with pytest.raises(ValueError, match="unknown roles"):
-        RoleNoise({"critic": ParamNoise()})
+        RoleNoise({"critic": ParamNoise(0.05, adaptation=1.01, adapt_steps=1)})
 
 
 def test_building_a_worker_leaves_the_callers_torch_rng_alone():

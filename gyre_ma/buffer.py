@@ -27,12 +27,15 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from gyre_ma.rollout import OptionCall, Trajectory, trajectory_from_state, trajectory_to_state
 from gyre_ma.store import DEFAULT_MAX_BYTES, StepLog, TrajectoryStore
+
+if TYPE_CHECKING:
+    from gyre_ma.config import BufferConfig
 
 Eviction = Literal["fifo", "random_oldest"]
 
@@ -186,6 +189,17 @@ class TrajectoryBuffer:
             for tid in self.store.ids():
                 self.seen_milestones |= {m for m, s in self.store.milestones_of(tid).items() if s > 0}
             self._next_id = max(self.store.ids(), default=-1) + 1
+
+    @classmethod
+    def from_config(cls, config: BufferConfig, *, store_dir: Path | None, seed: int) -> TrajectoryBuffer:
+        """The buffer ``config`` describes; with ``store_dir`` (and ``config.store``) its
+        committed trajectories also go to the Parquet store there."""
+        store = None
+        if config.store and store_dir is not None:
+            store = TrajectoryStore(store_dir, max_bytes=config.store_max_bytes)
+        return cls(config.capacity, eviction=config.eviction, eviction_window=config.eviction_window,
+                   dedup=config.dedup, elite_size=config.elite_size, max_turning_points=config.max_turning_points,
+                   elite_ratio=config.elite_ratio, max_staleness=config.max_staleness, seed=seed, store=store)
 
     @classmethod
     def open(cls, path: str | Path, *, max_bytes: int | None = DEFAULT_MAX_BYTES, fsync: bool = True,

@@ -18,10 +18,8 @@ import hashlib
 import io
 import json
 import math
-import os
 import random
 import re
-import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,35 +30,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from gyre_ma.files import atomic_write
+
 Slot = Literal["latest", "pre_update", "best"]
 SLOTS: tuple[Slot, ...] = ("latest", "pre_update", "best")
 MANIFEST = "manifest.json"
-
-
-# --------------------------------------------------------------------------- atomic files
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Temp file in the same folder, fsync, ``os.replace``, fsync of the folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
@@ -71,7 +45,7 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     path = Path(path)
     buf = io.BytesIO()
     torch.save(to_storable(state), buf)
-    _atomic_write(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
     return path
 
 
@@ -304,7 +278,7 @@ class CheckpointManager:
         return data
 
     def _write_manifest(self) -> None:
-        _atomic_write(self.manifest_path, json.dumps(self._manifest, indent=2).encode())
+        atomic_write(self.manifest_path, json.dumps(self._manifest, indent=2).encode())
 
     def _clean(self) -> None:
         """Remove temp files and slot files the manifest does not name (crash leftovers)."""
@@ -375,7 +349,7 @@ class CheckpointManager:
         """Write ``data`` as ``slot``'s new file, then the manifest, then drop the old file."""
         name = f"{slot}-{digest[:16]}.pt"
         old = self._manifest["slots"].get(slot, {}).get("file")
-        _atomic_write(self.directory / name, data)
+        atomic_write(self.directory / name, data)
         record = _SlotRecord(name, digest, len(data), time.time(), step,
                              {k: float(v) for k, v in (metrics or {}).items()})
         self._manifest["slots"][slot] = asdict(record)

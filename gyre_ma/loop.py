@@ -29,7 +29,6 @@ from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, va
 from gyre_ma.rollout import Trajectory
 from gyre_ma.stability import Stability
 from gyre_ma.staleness import fresh_with_metrics
-from gyre_ma.store import TrajectoryStore
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
 from gyre_ma.trainers.manager import ManagerModule
@@ -71,7 +70,9 @@ class Gyre:
                                     fitter=self.fitter, seed=config.seed)
         self.version = self.env_steps = self.next_iteration = 0
         self.critic_initialised = False
-        self.buffer = _buffer(config, self.run_dir)
+        self.buffer = TrajectoryBuffer.from_config(
+            config.buffer, store_dir=self.run_dir / "buffer" / "store" if self.run_dir else None,
+            seed=config.seed) if config.buffer.enabled else None
         self.stability = Stability.from_config(config.checkpoints, self.run_dir)
         self.checkpoints = self.stability.checkpoints
         self.curriculum = Curriculum.from_config(config, self.env, self.library) if config.curriculum.enabled else None
@@ -286,16 +287,3 @@ class Gyre:
             raise ValueError(f"cannot resume: {str(run_dir)!r} has no latest checkpoint")
         gyre.load_state_dict(gyre.checkpoints.load("latest"))
         return gyre
-
-
-def _buffer(config: ExperimentConfig, run_dir: Path | None) -> TrajectoryBuffer | None:
-    """The trajectory buffer the config asks for (with its on-disk store under ``run_dir``)."""
-    b = config.buffer
-    if not b.enabled:
-        return None
-    store = None
-    if b.store and run_dir is not None:
-        store = TrajectoryStore(run_dir / "buffer" / "store", max_bytes=b.store_max_bytes)
-    return TrajectoryBuffer(b.capacity, eviction=b.eviction, eviction_window=b.eviction_window, dedup=b.dedup,
-                            elite_size=b.elite_size, max_turning_points=b.max_turning_points,
-                            elite_ratio=b.elite_ratio, max_staleness=b.max_staleness, seed=config.seed, store=store)

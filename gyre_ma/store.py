@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from gyre_ma.files import fsync_dir
 from gyre_ma.rewards.breakdown import COMPONENTS
 from gyre_ma.rollout import Trajectory
 
@@ -222,7 +223,7 @@ class TrajectoryStore:
             raise
         if self.fsync:
             for kind in KINDS:
-                _fsync_dir(self.root / kind)
+                fsync_dir(self.root / kind)
         nbytes = sum(self._path(kind, number).stat().st_size for kind in KINDS)
         self._chunks[number] = _Chunk(number, tuple(self._staged_ids), nbytes)
         self._staged, self._staged_ids = [], []
@@ -399,14 +400,6 @@ def _trajectory_table(traj_id: int, traj: Trajectory, *, n_steps: int) -> pa.Tab
         "tool_calls": traj.tool_calls, "n_calls": len(traj.calls), "n_steps": n_steps,
     }
     return pa.Table.from_pylist([row], schema=TRAJECTORIES)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- recording steps

@@ -121,8 +121,10 @@ def bootstrap_values(seg: Segments, *, featurizer: Featurizer, critic: Critic | 
                          featurizer(_FinalState(obs, achieved, seg.calls[r][-1].option)))
             agents.append(agent)
             rows.append(r)
-    if rows:
-        out[rows] = critic(torch.from_numpy(np.stack(feats)), torch.tensor(agents))
+    if rows:  # the critic may sit on the learner's device, in its precision
+        weight = next(critic.parameters())
+        x = torch.from_numpy(np.stack(feats)).to(weight.device, weight.dtype)
+        out[rows] = critic(x, torch.tensor(agents, device=weight.device)).to(out)
     return out
 
 

@@ -376,6 +376,13 @@ class TrajectoryBuffer:
         return Sample(trajectories=[self._entries[i].trajectory for i in ids], ids=ids,
                       elite=[False] * len(picked) + [True] * len(chosen), stale_dropped=dropped)
 
+    def training_sample(self, n: int, *, version: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """A training batch of up to ``n``: the newest fresh, deduplicated trajectories plus
+        the configured share of elites, with the buffer's metrics (stale ones dropped now
+        are counted as ``buffer/stale_dropped_now``)."""
+        sample = self.sample(n, version=version, newest=True)
+        return sample.trajectories, self.metrics() | {"buffer/stale_dropped_now": float(sample.stale_dropped)}
+
     def __len__(self) -> int:
         return len(self._entries)
 

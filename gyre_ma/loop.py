@@ -15,12 +15,11 @@ from typing import Any
 import torch
 
 from gyre_ma import batch as B
-from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy
 from gyre_ma.agents.noise import RoleNoise, role_exploration
 from gyre_ma.backends import make_backend
 from gyre_ma.backends.worker import RolloutKit, policy_weights
 from gyre_ma.buffer import TrajectoryBuffer
-from gyre_ma.checkpoints import ValidationDecision, apply_lr_scale, parameter_step_size, restore_rng, rng_snapshot
+from gyre_ma.checkpoints import ValidationDecision, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
 from gyre_ma.metrics import anchor_metrics, episode_metrics
@@ -29,10 +28,8 @@ from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, va
 from gyre_ma.rollout import Trajectory
 from gyre_ma.stability import Stability
 from gyre_ma.staleness import fresh_with_metrics
-from gyre_ma.trainers.critic import CriticModule
-from gyre_ma.trainers.fit import Fitter
-from gyre_ma.trainers.manager import ManagerModule
-from gyre_ma.training_batch import build_batch, segment, warm_start_value
+from gyre_ma.trainers.learner import Learner
+from gyre_ma.training_batch import build_batch, segment
 
 
 class Gyre:
@@ -45,21 +42,10 @@ class Gyre:
         torch.manual_seed(config.seed)
         kit = RolloutKit.from_config(config)  # the same construction every rollout worker uses
         self.env, self.library = kit.env, kit.library
-        agents = self.env.possible_agents
-        self.featurizer, self.state_scaler = kit.featurizer, kit.state_scaler
-        if self.learns:
-            self.policy, self.critic = kit.policy, kit.critic
-        else:  # untrained stand-ins keep checkpoints and eval uniform
-            self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library)
-            self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents))
-            self.critic = Critic(self.featurizer.dim, len(agents))
+        self.featurizer, self.policy, self.critic = kit.modules()
+        self.state_scaler = kit.state_scaler
         t, r = config.train, config.roles
-        self.fitter = Fitter.from_config(config.trainer)
-        self.manager_module = self.fitter.setup(ManagerModule(
-            self.policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef))
-        self.critic_module = self.fitter.setup(
-            CriticModule(self.critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.learner = Learner(config, self.policy, self.critic, agents=len(self.env.possible_agents))
         roles = {"explorer": (r.explorers, r.explorer_noise, 0), "executor": (r.executors, r.executor_noise, 1)}
         self.noise = RoleNoise({role: role_exploration(noise, iterations=t.iterations, seed=config.seed + offset)
                                 for role, (n, noise, offset) in roles.items() if n})  # roles that play episodes
@@ -67,9 +53,8 @@ class Gyre:
         self.verifier = kit if r.verify_elite and r.explorers else None
         self.rewards = RewardScorer(config.rewards, self.library.graph, featurizer=self.featurizer,
                                     n_options=len(self.library), option_names=self.library.names,
-                                    fitter=self.fitter, seed=config.seed)
+                                    fitter=self.learner.fitter, seed=config.seed)
         self.version = self.env_steps = self.next_iteration = 0
-        self.critic_initialised = False
         self.buffer = TrajectoryBuffer.from_config(
             config.buffer, store_dir=self.run_dir / "buffer" / "store" if self.run_dir else None,
             seed=config.seed) if config.buffer.enabled else None
@@ -111,14 +96,6 @@ class Gyre:
                 self.buffer.add(traj)
         return trajectories, metrics
 
-    def training_batch(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
-        """This iteration's trajectories, or — with the buffer — its fresh, deduplicated
-        ones plus the configured share of elites; stale data is dropped and counted."""
-        if self.buffer is None:
-            return trajectories, {}
-        sample = self.buffer.sample(len(trajectories), version=self.version, newest=True)
-        return sample.trajectories, self.buffer.metrics() | {"buffer/stale_dropped_now": float(sample.stale_dropped)}
-
     # ---------------------------------------------------------------- B, C: segment and score
     def arbitrate(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """C, first half: every call's reward becomes its arbitrated, verified total
@@ -131,7 +108,7 @@ class Gyre:
         """B and C: the trajectories segmented at verified milestones and scored into one
         tensor batch of option-level advantages and critic targets."""
         return build_batch(trajectories, segment(trajectories, self.env.possible_agents), config=self.config,
-                           featurizer=self.featurizer, critic=self.critic if self.critic_initialised else None,
+                           featurizer=self.featurizer, critic=self.critic if self.learner.critic_initialised else None,
                            state_scaler=self.state_scaler, names=self.library.graph.names)
 
     # ---------------------------------------------------------------- D: update
@@ -144,25 +121,16 @@ class Gyre:
                                                step=self.next_iteration)
         if guard.skip:
             return {"update_skipped": 1.0} | (self._restore(rollback) if rollback is not None else {})
-        if not self.critic_initialised:  # values start at mean per-step reward / (1 − γ)
-            self.critic.initialise(warm_start_value(trajectories, gamma=self.config.credit.gamma,
-                                                    agents=len(self.env.possible_agents)))
-            self.critic_initialised = True
-        before = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
         lr_scale = t.lr_factor(self.next_iteration) * (self.checkpoints.lr_scale if self.checkpoints else 1.0)
         if t.lr_schedule != "constant":  # otherwise the LR changes only at a rollback (_restore)
-            apply_lr_scale(self._optimizers(), lr_scale)
-        metrics = self.fitter.fit(self.manager_module, batch, epochs=t.epochs, minibatch_size=t.minibatch_size,
-                                  generator=self.generator)
-        metrics |= self.fitter.fit(self.critic_module, batch, epochs=t.epochs, minibatch_size=t.minibatch_size,
-                                   generator=self.generator)
+            self.learner.set_lr_scale(lr_scale)
+        metrics = self.learner.fit(batch, trajectories)
         self.noise.observe(batch[B.FEATURES], batch[B.AGENT], batch[B.MASK])
         metrics |= self.noise.update(self.policy)
         self.version += 1
         if self.checkpoints is not None:  # the state before this update is the one in ``latest``
-            step = parameter_step_size(before, self.policy.state_dict())
-            self.checkpoints.after_update(None, kl=metrics.get("kl"), step_size=step, step=self.next_iteration)
-            metrics["update_step_size"] = step
+            self.checkpoints.after_update(None, kl=metrics.get("kl"), step_size=metrics["update_step_size"],
+                                          step=self.next_iteration)
         return metrics | {"update_skipped": 0.0, "lr_scale": lr_scale}
 
     def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
@@ -190,15 +158,11 @@ class Gyre:
             self.load_state_dict(decision.state)
             # counters move on: new rollouts must not reuse the purged batch's versions
             self.version, self.env_steps, self.next_iteration = version + 1, steps, iteration
-            self.stability.recent.clear()
-            apply_lr_scale(self._optimizers(), decision.lr_scale)
+            self.learner.set_lr_scale(decision.lr_scale)
             if decision.purge_latest_batch and self.buffer is not None:
                 self.buffer.purge(min_version=version)
             out["checkpoint/rolled_back"] = 1.0
         return out
-
-    def _optimizers(self) -> list[torch.optim.Optimizer]:
-        return [self.manager_module.optimizers().optimizer, self.critic_module.optimizers().optimizer]
 
     # ---------------------------------------------------------------- one turn
     def iteration(self, i: int, *, return_trajectories: bool = False) -> Any:
@@ -221,7 +185,8 @@ class Gyre:
         if self.learns and not metrics.get("checkpoint/rolled_back"):
             if self.config.backend.async_rollouts:                          # next rollouts overlap the update
                 self.backend.submit(self.weights(), self.version, self.tasks(i + 1))
-            batch_trajectories, buffer_metrics = self.training_batch(trajectories)
+            batch_trajectories, buffer_metrics = (trajectories, {}) if self.buffer is None else (
+                self.buffer.training_sample(len(trajectories), version=self.version))  # fresh and elites
             metrics |= buffer_metrics | {"update_skipped": 1.0}
             if batch_trajectories:                                         # all could be stale
                 metrics |= self.update(self.batch(batch_trajectories), batch_trajectories)  # B, C, D
@@ -239,17 +204,14 @@ class Gyre:
 
     # ---------------------------------------------------------------- state
     def _generators(self) -> dict[str, torch.Generator]:
-        return {"minibatch": self.generator, "rewards": self.rewards.generator}
+        return {"minibatch": self.learner.generator, "rewards": self.rewards.generator}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue bit for bit: weights, optimisers,
         counters, RNG states, noise σ and targets, reward models, buffer pools, curriculum."""
-        manager_opt, critic_opt = self._optimizers()
-        return {
-            "policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
-            "manager_optimizer": manager_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
+        return self.learner.state_dict() | {
             "version": self.version, "env_steps": self.env_steps, "next_iteration": self.next_iteration,
-            "critic_initialised": self.critic_initialised, "rng": rng_snapshot(torch_generators=self._generators()),
+            "rng": rng_snapshot(torch_generators=self._generators()),
             "noise": self.noise.state_dict(), "rewards": self.rewards.state_dict(), **self.stability.state_dict(),
             "buffer": self.buffer.state_dict() if self.buffer is not None else None,
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
@@ -257,13 +219,9 @@ class Gyre:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.critic.load_state_dict(state["critic"])
-        for optimizer, key in zip(self._optimizers(), ("manager_optimizer", "critic_optimizer"), strict=True):
-            optimizer.load_state_dict(state[key])
+        self.learner.load_state_dict(state)
         self.version, self.env_steps = state["version"], state["env_steps"]
         self.next_iteration = state.get("next_iteration", 0)
-        self.critic_initialised = state["critic_initialised"]
         if "rng" in state:
             restore_rng(state["rng"], torch_generators=self._generators())
         for part, key in ((self.noise, "noise"), (self.rewards, "rewards"), (self.buffer, "buffer"),

@@ -89,6 +89,16 @@ class RolloutKit:
     def learns(self) -> bool:
         return self.policy is not None
 
+    def modules(self) -> tuple[Featurizer, ManagerPolicy, Critic]:
+        """The featurizer, policy and critic; for a manager that does not learn, untrained
+        stand-ins shaped like a learner's, so that checkpoints and evaluation stay uniform."""
+        if self.learns:
+            return self.featurizer, self.policy, self.critic
+        agents = self.env.possible_agents
+        featurizer = Featurizer(self.env.observation_space(agents[0]), self.library)
+        policy = ManagerPolicy(featurizer.dim, len(self.library), len(agents))
+        return featurizer, policy, Critic(featurizer.dim, len(agents))
+
     def load(self, weights: Weights | None, version: int) -> None:
         """Load the learner's weights for ``version`` (once per version)."""
         if version == self.version:

@@ -71,7 +71,7 @@ def test_nan_loss_skips_the_update():
     batch = gyre.batch(trajectories)
     batch["advantage"] = torch.full_like(batch["advantage"], math.nan)
     before = [p.clone() for p in gyre.policy.parameters()]
-    metrics = gyre.fitter.fit(gyre.manager_module, batch, epochs=1, minibatch_size=64, generator=torch.Generator())
+    metrics = gyre.learner.fitter.fit(gyre.learner.manager_module, batch, epochs=1, minibatch_size=64, generator=torch.Generator())
     assert metrics["skipped"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, gyre.policy.parameters(), strict=True))
 
@@ -136,8 +136,8 @@ def test_linear_lr_schedule_decays_both_learning_rates_to_the_final_fraction():
                                        "checkpoints.enabled": False})
     assert [h["lr_scale"] for h in history] == pytest.approx([1.0, 0.625, 0.25])
     t = gyre.config.train
-    manager_lr = gyre.manager_module.optimizers().optimizer.param_groups[0]["lr"]
-    critic_lr = gyre.critic_module.optimizers().optimizer.param_groups[0]["lr"]
+    manager_lr = gyre.learner.manager_module.optimizers().optimizer.param_groups[0]["lr"]
+    critic_lr = gyre.learner.critic_module.optimizers().optimizer.param_groups[0]["lr"]
     assert manager_lr == pytest.approx(0.25 * t.lr) and critic_lr == pytest.approx(0.25 * t.critic_lr)
     _, constant = run(DOORKEY, 2, **{"checkpoints.enabled": False})
     assert [h["lr_scale"] for h in constant] == [1.0, 1.0]

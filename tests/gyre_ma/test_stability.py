@@ -101,7 +101,7 @@ def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):
 
     def spiked(batch, trajectories):
         if gyre.next_iteration == 1:
-            for group in gyre.manager_module.optimizers().optimizer.param_groups:
+            for group in gyre.learner.manager_module.optimizers().optimizer.param_groups:
                 group["lr"] = 1.0
             batch = dict(batch, advantage=(batch["option"] == turn).float() * 10.0)
         return update(batch, trajectories)
@@ -115,7 +115,7 @@ def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):
     assert history[2]["checkpoint/lr_scale"] == 0.5
     for key, value in best["policy"].items():
         assert torch.equal(gyre.policy.state_dict()[key], value)
-    lrs = [g["lr"] for g in gyre.manager_module.optimizers().optimizer.param_groups]
+    lrs = [g["lr"] for g in gyre.learner.manager_module.optimizers().optimizer.param_groups]
     assert all(math.isclose(lr, cfg.train.lr * 0.5) for lr in lrs)
     assert gyre.checkpoints.rollbacks and gyre.checkpoints.rollbacks[-1].step == 2
 

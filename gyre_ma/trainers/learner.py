@@ -1,0 +1,82 @@
+"""The Learner: the manager and its critic as they are trained, through one Fabric.
+
+It owns what an update changes — the Fabric-wrapped :class:`ManagerModule` and
+:class:`CriticModule`, their optimisers, the minibatch generator, whether the critic has
+been warm-started — and nothing of the rollout side (the loop hands it batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gyre_ma import batch as B
+from gyre_ma.checkpoints import apply_lr_scale, parameter_step_size
+from gyre_ma.trainers.critic import CriticModule
+from gyre_ma.trainers.fit import Fitter
+from gyre_ma.trainers.manager import ManagerModule
+from gyre_ma.training_batch import warm_start_value
+
+if TYPE_CHECKING:
+    from gyre_ma.agents.manager import Critic, ManagerPolicy
+    from gyre_ma.config import ExperimentConfig
+    from gyre_ma.rollout import Trajectory
+
+
+class Learner:
+    """PPO on the manager and value regression on the critic, ``train.epochs`` passes of
+    ``train.minibatch_size`` each, on the device and in the precision of ``config.trainer``."""
+
+    def __init__(self, config: ExperimentConfig, policy: ManagerPolicy, critic: Critic, *, agents: int) -> None:
+        """``agents``: the environment's possible agents (the critic's warm start is per agent)."""
+        t = config.train
+        self.agents = agents
+        self.policy, self.critic = policy, critic
+        self.epochs, self.minibatch_size, self.gamma = t.epochs, t.minibatch_size, config.credit.gamma
+        self.fitter = Fitter.from_config(config.trainer)
+        self.manager_module = self.fitter.setup(ManagerModule(
+            policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef))
+        self.critic_module = self.fitter.setup(
+            CriticModule(critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
+        self.generator = torch.Generator().manual_seed(config.seed)
+        """Shuffles minibatches; part of the learner's state, so a resumed run draws the same."""
+        self.critic_initialised = False
+        """Whether the critic has been warm-started (first :meth:`fit`); until then its values
+        are not used to bootstrap."""
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The manager's and the critic's optimisers (the ones Fabric steps)."""
+        return [self.manager_module.optimizers().optimizer, self.critic_module.optimizers().optimizer]
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Both learning rates at ``scale`` × their configured values."""
+        apply_lr_scale(self.optimizers, scale)
+
+    def fit(self, batch: B.Batch, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One update of the manager, then of the critic, on ``batch`` (built from
+        ``trajectories``); their mean metrics and ``update_step_size``, the policy's relative
+        parameter change. The first update warm-starts the critic (:func:`warm_start_value`)."""
+        if not self.critic_initialised:
+            self.critic.initialise(warm_start_value(trajectories, gamma=self.gamma, agents=self.agents))
+            self.critic_initialised = True
+        before = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        options = dict(epochs=self.epochs, minibatch_size=self.minibatch_size, generator=self.generator)
+        metrics = self.fitter.fit(self.manager_module, batch, **options)
+        metrics |= self.fitter.fit(self.critic_module, batch, **options)
+        return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
+
+    def state_dict(self) -> dict[str, Any]:
+        manager_opt, critic_opt = self.optimizers
+        return {"policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
+                "manager_optimizer": manager_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
+                "critic_initialised": self.critic_initialised}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.critic.load_state_dict(state["critic"])
+        for optimizer, key in zip(self.optimizers, ("manager_optimizer", "critic_optimizer"), strict=True):
+            optimizer.load_state_dict(state[key])
+        self.critic_initialised = state["critic_initialised"]

@@ -136,14 +136,17 @@ def perturb(policy: ManagerPolicy, *, sigma: float, generator: torch.Generator,
         for dst, src in zip(noisy.state_dict().values(), policy.state_dict().values(), strict=True):
             dst.copy_(src)
     for _, p in _perturbable(noisy, include_layernorm):
-        p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * sigma)
+        p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) * sigma)  # CPU draws
     return noisy
 
 
 @torch.no_grad()
 def policy_distance(reference: ManagerPolicy, other: ManagerPolicy, *, features: Tensor, agent: Tensor,
                     mask: Tensor) -> float:
-    """Mean masked KL(reference ‖ other) over states: features [N, F], agent [N], mask [N, K]."""
+    """Mean masked KL(reference ‖ other) over states: features [N, F], agent [N], mask [N, K],
+    moved to the policies' device (the states are kept on the CPU)."""
+    device = next(reference.parameters()).device
+    features, agent, mask = features.to(device), agent.to(device), mask.to(device)
     kl = masked_kl(logits_p=reference(features, agent, mask), logits_q=other(features, agent, mask), mask=mask)
     return float(kl.mean())
 

@@ -27,7 +27,7 @@ _SOURCES = {
     "drift": ("DriftConfig", "DriftMonitor", "DriftStatus", "agreement", "auc", "spearman"),
     "milestones": ("first_verified", "milestone_rewards"),
     "prm": ("PRMModule", "ProcessRewardModel", "prm_labels", "prm_rewards"),
-    "rules": ("BrokenRuleWarning", "OptionEndProbe", "Rule", "RuleContext", "RuleEngine", "RuleResults", "RuleSpec",
+    "rules": ("BrokenRuleWarning", "Rule", "RuleContext", "RuleEngine", "RuleResults", "RuleSpec",
               "default_snapshot", "extended_snapshot", "load_rules", "rule_metrics", "state_check"),
     "scorer": ("RewardScorer", "Scored", "apply_breakdowns"),
 }
@@ -35,7 +35,7 @@ _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in nam
 
 __all__ = [
     "Alarm", "AlarmConfig", "BrokenRuleWarning", "DriftConfig", "DriftMonitor", "DriftStatus",
-    "HackingMonitor", "OptionEndProbe", "PRMConfig", "PRMModule", "ProcessRewardModel",
+    "HackingMonitor", "PRMConfig", "PRMModule", "ProcessRewardModel",
     "RewardBreakdown", "RewardConfig", "RewardScorer", "Rule", "RuleContext", "RuleEngine",
     "RuleResults", "RuleSpec", "Scored", "agreement", "apply_breakdowns", "auc",
     "calls_without_completion", "default_snapshot", "extended_snapshot", "first_verified", "load_rules",

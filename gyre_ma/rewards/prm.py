@@ -51,12 +51,14 @@ class ProcessRewardModel(nn.Module):
     @torch.no_grad()
     def score(self, features: Tensor, option: Tensor) -> Tensor:
         """Mean of the two predicted probabilities, [N] in (0, 1)."""
-        return self(features, option).sigmoid().mean(-1)
+        return self.probabilities(features, option).mean(-1)
 
     @torch.no_grad()
     def probabilities(self, features: Tensor, option: Tensor) -> Tensor:
-        """[N, 2] predicted (progress, success) probabilities."""
-        return self(features, option).sigmoid()
+        """[N, 2] predicted (progress, success) probabilities, float32 on the CPU whatever the
+        model's device and precision (the learner's Fabric may have moved it)."""
+        weight = next(self.parameters())
+        return self(features.to(weight.device, weight.dtype), option.to(weight.device)).sigmoid().float().cpu()
 
 
 def prm_labels(trajectory: Trajectory) -> tuple[Tensor, Tensor]:

@@ -17,10 +17,8 @@ A rule that breaks (an unknown state key, an exception, a non-bool result) is re
 with its name (a :class:`BrokenRuleWarning`, ``RuleEngine.errors``) and disabled for the
 run; the episode it broke in counts neither as a pass nor as a fail for it.
 
-Rules at ``option_end`` need the state as each call ended. The rollout calls
-:meth:`RuleEngine.on_option_end` (the ``on_option_end(call, env)`` hook), or, until the
-rollout has that hook, :class:`OptionEndProbe` wraps the manager and snapshots the state
-at each agent's next decision — the same state, since no step runs in between.
+Rules at ``option_end`` need the state as each call ended: the rollout calls
+:meth:`RuleEngine.on_option_end` (``run_episode``'s ``on_option_end(call, env)`` hook).
 """
 
 from __future__ import annotations
@@ -352,7 +350,7 @@ class RuleEngine:
                     raise RuntimeError(
                         f"rule engine: option_end rules {[r.name for r in self.active if r.when == 'option_end']} "
                         f"need the state at the end of call {i} ({c.agent}, started at step {c.start_step}); "
-                        "install the rollout hook (on_option_end) or wrap the manager in OptionEndProbe"
+                        "pass the engine's on_option_end to run_episode(on_option_end=...)"
                     )
         process = [0.0] * n
         paid: list[list[str]] = [[] for _ in range(n)]
@@ -471,37 +469,3 @@ def rule_metrics(rules: Sequence[Rule], results: Sequence[RuleResults], *,
     out["rules/violation_rate"] = sum(res.vetoed for res in results) / n
     out["rules/broken"] = float(len(broken))
     return out
-
-
-class OptionEndProbe:
-    """Interim option-end hook: wraps a Manager and snapshots the env at each agent's next
-    decision — the state its previous call ended in (no step runs between a call's end and
-    the agent's next decision). After each episode, :meth:`finish` hands the snapshots to
-    the engine; the calls still running at the end get the final state there.
-
-    Replace with the rollout's ``on_option_end(call, env)`` hook once it exists.
-    """
-
-    def __init__(self, manager: Any, engine: RuleEngine) -> None:
-        self.manager, self.engine = manager, engine
-        self._states: dict[str, list[Mapping[str, Any]]] = {}
-
-    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
-        if self.engine.needs_option_end and decisions:
-            state = None
-            for d in decisions:
-                if d.last_option < 0:
-                    self._states[d.agent] = []
-                else:
-                    state = state if state is not None else self.engine.snapshot(d.env)
-                    self._states.setdefault(d.agent, []).append(state)
-        return self.manager.decide(decisions)
-
-    def finish(self, trajectory: Trajectory) -> None:
-        states, self._states = self._states, {}
-        for agent, snaps in states.items():
-            for call, state in zip(trajectory.agent_calls(agent), snaps):
-                self.engine.record(call, state)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.manager, name)

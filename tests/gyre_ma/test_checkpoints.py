@@ -214,3 +214,32 @@ def test_nan_guard_skips_and_asks_for_a_rollback_after_k_in_a_row(tmp_path):
     assert opt.param_groups[0]["lr"] == 0.5 and guard.consecutive == 0 and guard.total_skipped == 4
     with pytest.raises(ValueError, match="cannot roll back.*all empty"):
         CheckpointManager(tmp_path / "empty").rollback(reason="nan")
+
+
+def test_slots_judged_as_latest_are_copied_not_serialised_again(tmp_path, monkeypatch):
+    model = _policy(3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    manager = CheckpointManager(tmp_path, large_update_kl=0.05)
+    with pytest.raises(ValueError, match="cannot copy checkpoint slot 'latest' to 'best': 'latest' is empty"):
+        manager.promote("latest", "best")
+    manager.save("latest", _state(model, opt), step=4)
+    saves = []
+    monkeypatch.setattr(torch, "save", lambda *a, **k: saves.append(a) or pytest.fail("serialised again"))
+    assert manager.validate(0.5, None, step=5).action == "improved"          # best ← the latest file
+    assert manager.after_update(None, kl=0.2, step=5)                          # pre_update ← it too
+    slots = manager.manifest["slots"]
+    assert slots["best"]["sha256"] == slots["latest"]["sha256"] == slots["pre_update"]["sha256"]
+    assert manager.path("best").read_bytes() == manager.path("latest").read_bytes()
+    assert manager.validate(0.45, None, step=6).action == "kept" and slots["latest"]["step"] == 4
+    assert not saves and manager.verify() == {"latest": True, "best": True, "pre_update": True}
+
+
+def test_one_serialisation_fills_several_slots(tmp_path, monkeypatch):
+    model = _policy(4)
+    manager = CheckpointManager(tmp_path)
+    calls = []
+    real = torch.save
+    monkeypatch.setattr(torch, "save", lambda *a, **k: calls.append(1) or real(*a, **k))
+    manager.save(("best", "latest"), {"policy": model.state_dict()}, step=1)
+    assert len(calls) == 1 and manager.has("best") and manager.has("latest")
+    assert torch.equal(manager.load("best")["policy"]["weight"], model.weight)

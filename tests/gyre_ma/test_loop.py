@@ -207,3 +207,14 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     trajectories[0].milestone_steps["find_unicorn"] = 3                 # e.g. a trajectory of another library
     with pytest.raises(ValueError, match=r"verified milestone 'find_unicorn', which is not in the task graph"):
         anchor_inputs(trajectories, seg, names)
+
+
+def test_a_learner_in_another_precision_than_the_rollouts_trains_through_the_whole_loop():
+    """The learner's modules in float64 while rollouts, noise states and the PRM's inputs stay
+    float32 on the CPU: every place the two meet converts (as it must for a GPU learner)."""
+    gyre, history = run(DOORKEY, 2, **{"trainer.precision": "64-true", "rewards.prm.enabled": True,
+                                        "roles.explorers": 1, "roles.executors": 3})
+    assert all(p.dtype == torch.float64 for p in gyre.policy.parameters())
+    assert history[-1]["update_skipped"] == 0.0 and math.isfinite(history[-1]["policy_loss"])
+    assert math.isfinite(history[-1]["noise/explorer/distance"])
+    assert all(v.device.type == "cpu" for v in gyre.weights()["policy"].values())  # what rollouts load

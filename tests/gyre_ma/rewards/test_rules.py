@@ -11,7 +11,6 @@ from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.workflow import parallel_env
 from gyre_ma.rewards.rules import (
     BrokenRuleWarning,
-    OptionEndProbe,
     Rule,
     RuleContext,
     RuleEngine,
@@ -174,7 +173,7 @@ def test_a_broken_rule_is_reported_by_name_disabled_and_not_counted(graph, two_a
 
 def test_option_end_rules_without_recorded_states_fail_loudly(graph, two_agent_episode):
     engine = RuleEngine([Rule("r", state_check({"a": True}), when="option_end")], graph=graph)
-    with pytest.raises(RuntimeError, match="install the rollout hook"):
+    with pytest.raises(RuntimeError, match=r"pass the engine.s on_option_end to run_episode\(on_option_end=...\)"):
         engine.end_episode(two_agent_episode(), FakeEnv(graph))
 
 
@@ -183,17 +182,15 @@ def test_a_workflow_verifier_is_a_valid_episode_end_check_but_breaks_at_option_e
     lib = make_library()
     report = load_rules([{"name": "surface", "check": "gyre_ma.envs.workflow.workflow:report_submitted"}])[0]
     engine = RuleEngine([report, Rule("at_end", report.check, when="option_end")], graph=lib.graph)
-    probe = OptionEndProbe(RandomManager(seed=0), engine)
-    traj = run_episode(env, lib, probe, seed=0)
-    probe.finish(traj)
+    traj = run_episode(env, lib, RandomManager(seed=0), seed=0, on_option_end=engine.on_option_end)
     with pytest.warns(BrokenRuleWarning, match="rule 'at_end' \\(option_end\\): check raised TypeError"):
         res = engine.end_episode(traj, env)
     assert res.passed["surface"] == int(env.surface_flags()["report_submitted"])
 
 
-# ---------------------------------------------------------------- the interim hook
+# ---------------------------------------------------------------- the option-end hook
 @pytest.mark.parametrize("manager", ["oracle", "random"])
-def test_probe_snapshots_are_the_state_each_call_ended_in(manager):
+def test_option_end_snapshots_are_the_state_each_call_ended_in(manager):
     """Rules at option_end see the env exactly at step start_step + duration."""
     env = parallel_env()
     lib = make_library()
@@ -208,9 +205,7 @@ def test_probe_snapshots_are_the_state_each_call_ended_in(manager):
                         option_names=lib.names)
     for seed in range(3):
         base = OracleManager(library=lib) if manager == "oracle" else RandomManager(seed=seed)
-        probe = OptionEndProbe(base, engine)
-        traj = run_episode(env, lib, probe, seed=seed)
-        probe.finish(traj)
+        traj = run_episode(env, lib, base, seed=seed, on_option_end=engine.on_option_end)
         res = engine.end_episode(traj, env)
         assert res.evaluated["aligned"] == len(traj.calls) == res.passed["aligned"]
     call, option, state = seen[-1]

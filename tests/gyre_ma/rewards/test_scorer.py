@@ -10,7 +10,7 @@ from gyre_ma.agents.manager import Featurizer
 from gyre_ma.envs.workflow.options import make_library
 from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.workflow import parallel_env
-from gyre_ma.rewards import OptionEndProbe, RewardConfig, RewardScorer, apply_breakdowns
+from gyre_ma.rewards import RewardConfig, RewardScorer, apply_breakdowns
 from gyre_ma.rollout import run_episode
 
 RULES = [
@@ -43,9 +43,7 @@ def collect(setup, scorer, n=8, seed=0):
     trajs = []
     for i in range(n):
         manager = OracleManager(library=lib) if i % 2 == 0 else RandomManager(seed=seed + i)
-        probe = OptionEndProbe(manager, scorer.engine)
-        traj = run_episode(env, lib, probe, seed=seed + i)
-        probe.finish(traj)
+        traj = run_episode(env, lib, manager, seed=seed + i, on_option_end=scorer.on_option_end)
         traj.rule_results = scorer.end_episode(traj, env)
         trajs.append(traj)
     return trajs

@@ -187,7 +187,7 @@ def option_advantages(
         return _anchored_blend(local=local, outcomes=outcomes, verified_at=verified_at,
                                call_milestones=call_milestones, at_end=at_end, episode_index=episode_index,
                                mask=mask, w_max=w_max, prior=anchor_prior, eps=eps, success=success,
-                               w_length=w_length), returns
+                               w_length=w_length, durations=durations), returns
     advantages = blend_advantages(
         local=local,
         outcome_advantages=group_outcome_advantages(outcomes=outcomes, groups=groups, eps=eps),
@@ -212,9 +212,11 @@ def _grpo(local: Tensor, outcomes: Tensor | None, groups: Tensor | None, episode
 
 def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | None, call_milestones: Tensor | None,
                     at_end: Tensor | None, episode_index: Tensor | None, mask: Tensor | None, w_max: float,
-                    prior: float, eps: float, success: Tensor | None, w_length: float) -> Tensor:
+                    prior: float, eps: float, success: Tensor | None, w_length: float,
+                    durations: Tensor) -> Tensor:
     """(1 − w) · local + w · anchored credit: w = 0 where the batch's outcomes are all equal,
-    ``w_length`` where every episode succeeded (``success``), else ``w_max``."""
+    ``w_length`` where every episode succeeded (``success``), else ``w_max``. With
+    ``success``, each success's time cost is charged to its calls by ``durations``."""
     missing = [n for n, x in (("verified_at", verified_at), ("call_milestones", call_milestones),
                               ("at_end", at_end)) if x is None]
     if missing:
@@ -231,8 +233,11 @@ def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | No
         _check_bool("success", success)
     if episode_index is None:
         episode_index = torch.arange(local.shape[0], device=local.device)
-    steps, residual = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=prior, eps=eps)
-    credit = spread_over_calls(steps=steps, residual=residual, call_milestones=call_milestones, at_end=at_end,
+    steps, residual, time = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=prior,
+                                                    eps=eps, success=success)
+    call_steps = durations if mask is None else torch.where(mask, durations, 0)
+    credit = spread_over_calls(steps=steps, residual=residual, time=time, durations=call_steps,
+                               call_milestones=call_milestones, at_end=at_end,
                                episode_index=episode_index)
     if not (outcomes.numel() and outcomes.max() > outcomes.min()):
         w = 0.0

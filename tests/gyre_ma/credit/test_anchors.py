@@ -26,17 +26,21 @@ episodes = st.integers(1, 8).flatmap(lambda E: st.integers(1, 6).flatmap(lambda 
 @SETTINGS
 @given(episodes)
 def test_each_episode_credit_telescopes_to_its_outcome_advantage(data: tuple) -> None:
-    """Steps along an episode's milestones plus its residual sum to (o − ō) / σ."""
+    """Steps along an episode's milestones plus its residual and time credit sum to (o − ō) / σ,
+    with or without a time cost inside the outcomes (a success o > 0 costs 1 − o)."""
     outcomes = torch.tensor(data[0], dtype=torch.float64)
     verified_at = torch.tensor(data[1])
-    steps, residual = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=data[2])
-    assert torch.isfinite(steps).all() and torch.isfinite(residual).all()
-    assert not steps[verified_at < 0].any()                              # only verified milestones are credited
-    if outcomes.max() > outcomes.min():
-        expected = (outcomes - outcomes.mean()) / (outcomes.std(unbiased=False) + 1e-8)
-        assert close(steps.sum(1) + residual, expected, tol=1e-6)
-    else:
-        assert not steps.any() and not residual.any()
+    for success in (None, outcomes > 0):
+        steps, residual, time = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=data[2],
+                                                        success=success)
+        assert torch.isfinite(steps).all() and torch.isfinite(residual).all() and torch.isfinite(time).all()
+        assert not steps[verified_at < 0].any()                          # only verified milestones are credited
+        assert not time[outcomes == 0].any()                             # failures pay no time cost
+        if outcomes.max() > outcomes.min():
+            expected = (outcomes - outcomes.mean()) / (outcomes.std(unbiased=False) + 1e-8)
+            assert close(steps.sum(1) + residual + time, expected, tol=1e-6)
+        else:
+            assert not steps.any() and not residual.any() and not time.any()
 
 
 def test_anchor_values_are_shrunk_conditional_means() -> None:
@@ -55,7 +59,7 @@ def test_a_trap_milestone_is_blamed_where_it_was_verified() -> None:
     calls before it none, although the failure shows only at the end."""
     outcomes = torch.tensor([1.0, 1.0, 0.0, 0.0])
     verified_at = torch.tensor([[10, 40, -1], [12, 35, -1], [11, -1, 30], [9, -1, 50]])
-    steps, residual = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=0.0)
+    steps, residual, _ = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=0.0)
     assert close(steps[:, 0], [0.0, 0.0, 0.0, 0.0])                      # everybody verified it: no information
     assert close(steps[:2, 1], [1.0, 1.0]) and close(steps[2:, 2], [-1.0, -1.0])
     assert close(residual, [0.0, 0.0, 0.0, 0.0])                         # the milestones explain every outcome
@@ -65,7 +69,7 @@ def test_milestones_verified_at_the_same_step_go_in_index_order() -> None:
     outcomes = torch.tensor([1.0, 0.0])
     verified_at = torch.tensor([[5, 5], [5, -1]])
     mean, values = anchor_values(outcomes=outcomes, verified_at=verified_at, prior=0.0)
-    steps, _ = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=0.0)
+    steps, _, _ = anchored_outcome_credit(outcomes=outcomes, verified_at=verified_at, prior=0.0)
     sigma = outcomes.std(unbiased=False)
     assert close(steps[0], [(values[0] - mean) / sigma, (values[1] - values[0]) / sigma], tol=1e-5)
 
@@ -80,6 +84,41 @@ def test_spread_puts_steps_on_verifying_calls_and_the_residual_at_the_end() -> N
     out = spread_over_calls(steps=steps, residual=residual, call_milestones=call_milestones, at_end=at_end,
                             episode_index=torch.tensor([0, 0, 1]))
     assert close(out, [[0.5, 0.0, -0.9], [0.0, 0.1, 0.0], [0.0, 0.05, 0.0]])
+    durations = torch.tensor([[2, 6, 2], [5, 5, 0], [1, 3, 0]])
+    timed = spread_over_calls(steps=steps, residual=residual, call_milestones=call_milestones, at_end=at_end,
+                              episode_index=torch.tensor([0, 0, 1]), time=torch.tensor([-1.0, 0.4]),
+                              durations=durations)
+    assert close(timed - out, [[-0.2, -0.6, -0.2], [-0.5, -0.5, 0.0], [0.1, 0.3, 0.0]])  # by duration
+    with pytest.raises(ValueError, match=r"time credit needs durations of shape \(3, 3\)"):
+        spread_over_calls(steps=steps, residual=residual, call_milestones=call_milestones, at_end=at_end,
+                          episode_index=torch.tensor([0, 0, 1]), time=torch.tensor([-1.0, 0.4]))
+
+
+def test_a_wasteful_loop_pays_for_its_own_steps_not_the_call_that_finishes() -> None:
+    """Two successes of one agent, key → goal: the short one takes 10 + 10 steps; the long one
+    drops the key and picks it up again (a 20-step loop verifying nothing new) before the same
+    final call. The loop is charged the extra length; the final call is not."""
+    horizon, kappa = 100, 0.5
+    lengths = torch.tensor([20, 40])
+    outcomes = 1.0 - kappa * lengths.double() / horizon                  # 0.9 and 0.8
+    x = dict(rewards=torch.zeros(2, 3, dtype=torch.float64), values=torch.zeros(2, 3, dtype=torch.float64),
+             durations=torch.tensor([[10, 10, 1], [10, 20, 10]]),
+             terminated=torch.tensor([[False, True, False], [False, False, True]]),
+             truncated=torch.zeros(2, 3, dtype=torch.bool), gamma=1.0, lam=1.0,
+             milestones=torch.tensor([[True, True, False], [True, False, True]]),
+             mask=torch.tensor([[True, True, False], [True, True, True]]))
+    call_milestones = torch.zeros(2, 3, 2, dtype=torch.bool)
+    call_milestones[0, 0, 0] = call_milestones[1, 0, 0] = True          # get the key
+    call_milestones[0, 1, 1] = call_milestones[1, 2, 1] = True          # reach the goal
+    anchored = dict(verified_at=torch.tensor([[10, 20], [10, 40]]), call_milestones=call_milestones,
+                    at_end=torch.tensor([[False, True, False], [False, False, True]]), outcome_credit="anchored",
+                    anchor_prior=0.0, groups=torch.tensor([0, 0]), w_max=1.0, w_length=1.0,
+                    success=torch.tensor([True, True]))
+    credit, _ = option_advantages(mode="blend", outcomes=outcomes, **anchored, **x)
+    key, loop, goal = credit[1].tolist()
+    assert loop < 0 and loop < key and abs(goal) < abs(loop)              # the loop takes the blame
+    assert close(credit[1].sum(), -1.0) and close(credit[0, :2].sum(), 1.0)  # (o − ō) / σ per episode
+    assert close(torch.tensor([key, loop, goal]), [-0.25, -0.5, -0.25])  # by duration: 10, 20, 10 of 40 steps
 
 
 def _rows() -> dict:
@@ -111,7 +150,8 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
     assert close(mixed, 0.5 * local + 0.5 * credit)
     faster, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.6]), **(anchored | {"w_length": 0.25}),
                                   **x, success=torch.tensor([True, True]))
-    assert close(faster, 0.75 * local + 0.25 * credit)
+    by_duration = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]) / 3  # only time separates them
+    assert close(faster, 0.75 * local + 0.25 * by_duration)
     full, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_max": 1.0}),
                                 **x, success=torch.tensor([True, False]))
     assert close(full, credit)                                           # w = 1: the local term is gone

@@ -6,6 +6,7 @@ rejected with the accepted ones listed; errors name the dotted path and the bad 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -433,20 +434,36 @@ def parse_config(data: Any, source: str = "config") -> ExperimentConfig:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read a YAML config; ``overrides`` are dotted keys (``train.iterations``) applied on top."""
+    """Read a YAML config; ``overrides`` are dotted keys (``train.iterations``) applied on top.
+
+    An override changes exactly the key it names: it is set on the file's config with every
+    default filled in, so the siblings of a key in a nested section keep the values they
+    had (a section's defaults can differ from its class's, e.g. ``roles.executor_noise``).
+    """
     p = Path(path)
     data = read_yaml(p, "config file", ConfigError)
-    if overrides:
-        data = dict(data or {})
-        for dotted, value in overrides.items():
-            node = data
-            *parents, leaf = dotted.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-                if not isinstance(node, dict):
-                    raise ConfigError(f"override '{dotted}': '{part}' is not a section")
-            node[leaf] = value
-    return parse_config(data, source=p.name)
+    if not overrides:
+        return parse_config(data, source=p.name)
+    try:
+        base = parse_config(data, source=p.name).model_dump(mode="json")
+    except ConfigError:  # the overrides may be what makes the file valid: set them on it as written
+        base = dict(data or {}) if isinstance(data, dict) else data
+    return parse_config(_with_overrides(base, overrides), source=p.name)
+
+
+def _with_overrides(data: Any, overrides: dict[str, Any]) -> Any:
+    if not isinstance(data, dict):
+        return data
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node[leaf] = value
+    return data
 
 
 def dump_config(config: ExperimentConfig) -> str:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,6 +13,8 @@ from pydantic import BaseModel
 
 from gyre_ma.cli import main
 from gyre_ma.config import ConfigError, ExperimentConfig, dump_config, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_validate_and_derived_values_are_properties():
@@ -153,3 +157,28 @@ def test_trainer_section_builds_the_learners_fabric(tmp_path):
         parse_config({"trainer": {"strategy": "dpp"}})
     with pytest.raises(ConfigError, match=r"'trainer.precision': Input should be '32-true', '64-true'"):
         parse_config({"trainer": {"precision": "fp8"}})
+
+
+def _leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        out += _leaves(value, path + ".") if isinstance(value, dict) and value else [(path, value)]
+    return out
+
+
+@pytest.mark.parametrize("config_file", ["quickstart.yaml", "minigrid_doorkey.yaml"])
+def test_an_override_changes_exactly_the_key_it_names_in_every_nested_section(config_file):
+    """Setting any key to the value it has leaves the whole config as it was (before, a key of a
+    nested section rebuilt the section from its class defaults: roles.executor_noise.start reset
+    end and schedule); setting one to a new value changes that key alone."""
+    path = ROOT / "configs" / config_file
+    base = load_config(path).model_dump(mode="json")
+    leaves = [(k, v) for k, v in _leaves(base) if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+    sections = {k.rsplit(".", 1)[0] for k, _ in leaves if "." in k}
+    assert {"roles.executor_noise", "roles.explorer_noise", "credit", "train", "rewards.prm"} <= sections
+    for key, value in leaves:
+        assert load_config(path, {key: value}).model_dump(mode="json") == base, key
+    changed = load_config(path, {"roles.executor_noise.anneal_iterations": 50}).model_dump(mode="json")
+    diff = {k for (k, v), (_, w) in zip(_leaves(base), _leaves(changed), strict=True) if v != w}
+    assert diff == {"roles.executor_noise.anneal_iterations"}

@@ -297,6 +297,11 @@ class CheckpointManager:
         return self._manifest["best_score"]
 
     @property
+    def best_episodes(self) -> int | None:
+        """How many episodes the best score was measured on (None: not recorded)."""
+        return self._manifest.get("best_episodes")
+
+    @property
     def lr_scale(self) -> float:
         return float(self._manifest["lr_scale"])
 
@@ -410,30 +415,35 @@ class CheckpointManager:
         return large
 
     # ----------------------------------------------------------- validation and rollback
-    def validate(self, score: float, state: Mapping[str, Any] | None, *,
-                 step: int | None = None) -> ValidationDecision:
+    def validate(self, score: float, state: Mapping[str, Any] | None, *, step: int | None = None,
+                 episodes: int | None = None, allow_rollback: bool = True) -> ValidationDecision:
         """Record a validation score for the judged ``state``.
 
         Better than the best → ``best`` ← state (and ``latest``). Worse than the best by more
         than ``rollback_threshold`` (or non-finite) → rollback to ``best``. Otherwise
         ``latest`` ← state. ``state`` None: the judged state is the one in ``latest``; it is
-        copied to ``best`` as it is, and ``latest`` is left to the caller.
+        copied to ``best`` as it is, and ``latest`` is left to the caller. ``episodes``, the
+        number behind ``score``, is kept with a new best (:attr:`best_episodes`); with
+        ``allow_rollback`` False a drop is only recorded as ``kept``.
         """
         score = float(score)
         best = self.best_score
         sign = 1.0 if self.higher_is_better else -1.0
         if math.isfinite(score) and (best is None or sign * (score - best) > 0):
             self._manifest["best_score"] = score  # written with the best slot, atomically
+            previous_episodes = self._manifest.get("best_episodes")
+            self._manifest["best_episodes"] = episodes
             try:
                 if state is None:
                     self.promote("latest", "best", step=step, metrics={"score": score})
                 else:
                     self.save(("best", "latest"), state, step=step, metrics={"score": score})
             except BaseException:
-                self._manifest["best_score"] = best
+                self._manifest["best_score"], self._manifest["best_episodes"] = best, previous_episodes
                 raise
             return ValidationDecision("improved", score, score, self.lr_scale)
-        if best is not None and (not math.isfinite(score) or sign * (best - score) > self.rollback_threshold):
+        if allow_rollback and best is not None and (not math.isfinite(score)
+                                                     or sign * (best - score) > self.rollback_threshold):
             worse = "<" if self.higher_is_better else ">"
             reason = f"validation {score:.4g} {worse} best {best:.4g} by more than {self.rollback_threshold:g}"
             return self.rollback(reason=reason, step=step, score=score)

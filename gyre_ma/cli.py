@@ -127,6 +127,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     spot_rng = np.random.default_rng([config.seed, first])
     (run_dir / "config.yaml").write_text(dump_config(config))
     metrics: dict[str, float] = {}
+    said_stop = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps · success {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -140,6 +141,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
                 progress.update(task, advance=1, steps=int(metrics["env_steps"]),
                                 success=f"{metrics['success_rate']:.0%}")
+                said_stop = _say_rollbacks(progress.console, gyre, metrics, i, said_stop)
     finally:
         gyre.close()
     monitor.close()
@@ -148,13 +150,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     table.add_column("metric")
     table.add_column("final iteration", justify="right")
     for key in ("success_rate", "episode_length", "episode_reward", "option_calls", "agents_lost", "env_steps",
-                "policy_version", "entropy", "kl"):
+                "policy_version", "entropy", "kl", "checkpoint/rollbacks", "checkpoint/lr_scale"):
         if key in metrics:
             table.add_row(key, f"{metrics[key]:.4g}")
     console.print(table)
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
     (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2))
     return 0
+
+
+def _say_rollbacks(out: Console, gyre: Any, metrics: dict[str, float], iteration: int, said_stop: bool) -> bool:
+    """Print each rollback and its LR cut, and once that rollbacks have stopped; returns
+    whether the stop has been said."""
+    if metrics.get("checkpoint/rolled_back"):
+        r = gyre.checkpoints.rollbacks[-1]
+        out.print(f"iteration {iteration}: rolled back to the {r.slot!r} checkpoint ({r.reason}); learning rate "
+                  f"now {r.lr_scale:g}× the configured", markup=False, highlight=False)
+    if metrics.get("checkpoint/rollbacks_stopped") and not said_stop:
+        out.print(f"iteration {iteration}: {len(gyre.checkpoints.rollbacks)} rollbacks reached "
+                  "(checkpoints.max_rollbacks): validation drops are no longer rolled back and the learning rate "
+                  "is no longer cut", markup=False, highlight=False)
+        return True
+    return said_stop
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

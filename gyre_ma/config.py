@@ -182,6 +182,17 @@ class CheckpointConfig(_Section):
     validation_window: int = Field(3, ge=1)
     """Without evaluator episodes, validation judges the mean success of this many recent
     iterations (one iteration's sampled episodes are too noisy to roll back on)."""
+    min_validation_episodes: int = Field(32, ge=1)
+    """Validation sets a best or rolls back only on a score measured over at least this many
+    episodes (the window's); after a rollback the window starts empty, so no best comes from
+    one small sample."""
+    rollback_confidence: float = Field(0.95, ge=0.5, lt=1.0)
+    """A drop below the best rolls back only when it is significant at this confidence
+    (one-sided two-proportion z-test on the episodes behind each score), besides exceeding
+    ``rollback_threshold``."""
+    max_rollbacks: int = Field(3, ge=0)
+    """After this many rollbacks the run stops rolling back (and cutting the learning rate),
+    says so, and keeps learning from where it is."""
 
 
 class CurriculumConfig(_Section):

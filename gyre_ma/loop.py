@@ -142,11 +142,12 @@ class Gyre:
         if trajectories is None:
             seeds = [task_seed(self.config.seed + 1, iteration, k) for k in range(self.config.roles.evaluators)]
             trajectories = self.backend.collect(self.weights(), self.version, validation_tasks(seeds))
-        score = self.stability.score(episode_metrics(trajectories, ())["success_rate"],
-                                     sampled=not self.config.roles.evaluators)
+        score, episodes = self.stability.score(episode_metrics(trajectories, ())["success_rate"],
+                                               episodes=len(trajectories), sampled=not self.config.roles.evaluators)
         judged = None if self.checkpoints.has("latest") else self.state_dict()  # latest holds this policy
-        decision = self.stability.validate(score, judged, step=iteration)
-        return {"validation/success_rate": score} | self._restore(decision)
+        decision = self.stability.validate(score, episodes, judged, step=iteration)
+        return {"validation/success_rate": score, "validation/episodes": float(episodes),
+                "checkpoint/rollbacks_stopped": float(self.stability.rollbacks_stopped)} | self._restore(decision)
 
     def _restore(self, decision: ValidationDecision) -> dict[str, float]:
         """Apply a validation decision: on a rollback, load the restored state with the

@@ -10,9 +10,11 @@ roll back after ``nan_max_consecutive`` in a row).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,14 +25,29 @@ if TYPE_CHECKING:
     from gyre_ma.config import CheckpointConfig
 
 
+def significant_drop(*, best: float, best_episodes: int | None, score: float, episodes: int,
+                     confidence: float) -> bool:
+    """Whether success rate ``score`` over ``episodes`` is below ``best`` over
+    ``best_episodes`` beyond chance: a one-sided two-proportion z-test at ``confidence``.
+    A best of unknown sample size is taken as measured on as many episodes as ``score``."""
+    n1, n2 = (best_episodes or episodes), episodes
+    if n1 < 1 or n2 < 1:
+        raise ValueError(f"episodes must be >= 1, got best_episodes={best_episodes}, episodes={episodes}")
+    pooled = (best * n1 + score * n2) / (n1 + n2)
+    se = math.sqrt(pooled * (1.0 - pooled) * (1.0 / n1 + 1.0 / n2))
+    if se == 0.0:
+        return best > score
+    return (best - score) / se > NormalDist().inv_cdf(confidence)
+
+
 class Stability:
     """Validation scores, the NaN guard and the rollback decisions of one learner."""
 
     def __init__(self, config: CheckpointConfig, checkpoints: CheckpointManager | None) -> None:
-        self.checkpoints = checkpoints
+        self.config, self.checkpoints = config, checkpoints
         self.nan_guard = NanGuard(config.nan_max_consecutive)
-        self.recent: deque[float] = deque(maxlen=config.validation_window)
-        """Success rates of the last iterations' sampled episodes (judged by their mean)."""
+        self.recent: deque[tuple[float, int]] = deque(maxlen=config.validation_window)
+        """(success rate, episodes) of the last iterations' sampled episodes, judged together."""
 
     @classmethod
     def from_config(cls, config: CheckpointConfig, run_dir: Path | None) -> Stability:
@@ -43,18 +60,34 @@ class Stability:
                                             large_update_kl=config.large_update_kl)
         return cls(config, checkpoints)
 
-    def score(self, success_rate: float, *, sampled: bool) -> float:
-        """The score validation judges: a greedy evaluation's success as it is, sampled
-        episodes' as the mean over the recent window."""
-        if not sampled:
-            return success_rate
-        self.recent.append(success_rate)
-        return float(np.mean(self.recent))
+    @property
+    def rollbacks_stopped(self) -> bool:
+        """``max_rollbacks`` reached: drops are recorded, no longer rolled back."""
+        return self.checkpoints is not None and len(self.checkpoints.rollbacks) >= self.config.max_rollbacks
 
-    def validate(self, score: float, state: Mapping[str, Any] | None, *, step: int) -> ValidationDecision:
+    def score(self, success_rate: float, *, episodes: int, sampled: bool) -> tuple[float, int]:
+        """The score validation judges and the episodes behind it: a greedy evaluation's
+        success as it is; sampled episodes' as the mean over the recent window."""
+        if not sampled:
+            return success_rate, episodes
+        self.recent.append((success_rate, episodes))
+        return float(np.mean([r for r, _ in self.recent])), sum(n for _, n in self.recent)
+
+    def validate(self, score: float, episodes: int, state: Mapping[str, Any] | None, *,
+                 step: int) -> ValidationDecision:
         """Keep the judged state as best, or roll back (see :meth:`CheckpointManager.validate`;
-        ``state`` None: the judged state is the one in ``latest``)."""
-        decision = self.checkpoints.validate(score, state, step=step)
+        ``state`` None: the judged state is the one in ``latest``). A score over fewer than
+        ``min_validation_episodes`` is not judged; a drop rolls back only when it is
+        significant (:func:`significant_drop`) and ``max_rollbacks`` is not reached."""
+        ck = self.checkpoints
+        if episodes < self.config.min_validation_episodes:
+            return ValidationDecision("kept", float(score), ck.best_score, ck.lr_scale)
+        best = ck.best_score
+        allow = not self.rollbacks_stopped and (
+            best is None or not math.isfinite(score) or significant_drop(
+                best=best, best_episodes=ck.best_episodes, score=score, episodes=episodes,
+                confidence=self.config.rollback_confidence))
+        decision = ck.validate(score, state, step=step, episodes=episodes, allow_rollback=allow)
         if decision.rolled_back:
             self.recent.clear()  # a new policy: its own scores from here on
         return decision
@@ -70,10 +103,11 @@ class Stability:
         return guard, decision
 
     def state_dict(self) -> dict[str, Any]:
-        return {"nan_guard": self.nan_guard.state_dict(), "recent_scores": list(self.recent)}
+        return {"nan_guard": self.nan_guard.state_dict(), "recent_scores": [list(r) for r in self.recent]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("nan_guard") is not None:
             self.nan_guard.load_state_dict(state["nan_guard"])
-        self.recent.clear()
-        self.recent.extend(state.get("recent_scores", []))
+        self.recent.clear()  # older checkpoints kept bare rates: an unknown count is one episode each
+        self.recent.extend((float(r[0]), int(r[1])) if isinstance(r, (list, tuple)) else (float(r), 1)
+                           for r in state.get("recent_scores", []))

@@ -109,3 +109,27 @@ def test_minigrid_example_without_minigrid_names_the_extra():
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("gyre-ma check: error:") and out.stderr.count("\n") == 1, out.stderr
     assert "pip install 'gyre-ma[minigrid]'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_rollbacks_and_their_stop_are_printed(tmp_path):
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from gyre_ma.checkpoints import CheckpointManager
+    from gyre_ma.cli import _say_rollbacks
+
+    manager = CheckpointManager(tmp_path)
+    manager.save("best", {"w": 1})
+    manager.rollback(reason="validation 0.2 < best 0.9 by more than 0.25", step=4)
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    gyre = SimpleNamespace(checkpoints=manager)
+    said = _say_rollbacks(console, gyre, {"checkpoint/rolled_back": 1.0}, 4, False)
+    assert not said and "iteration 4: rolled back to the 'best' checkpoint (validation 0.2 < best 0.9" in out.getvalue()
+    assert "learning rate now 0.5× the configured" in out.getvalue()
+    assert _say_rollbacks(console, gyre, {"checkpoint/rollbacks_stopped": 1.0}, 5, False)
+    assert "no longer rolled back" in out.getvalue()
+    before = out.getvalue()
+    assert _say_rollbacks(console, gyre, {"checkpoint/rollbacks_stopped": 1.0}, 6, True) and out.getvalue() == before

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 import yaml
@@ -17,6 +18,7 @@ import yaml
 from gyre_ma.checkpoints import load_checkpoint
 from gyre_ma.config import load_config
 from gyre_ma.loop import Gyre
+from gyre_ma.stability import Stability, significant_drop
 
 ROOT = Path(__file__).resolve().parents[2]
 DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
@@ -91,7 +93,7 @@ def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_pa
 def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):
     """A learning-rate spike on a sign-flipped update (a reward bug) wrecks the policy;
     validation catches it, the best parameters come back and the LR is halved."""
-    cfg = load_config(DOORKEY, {"env.kwargs": {"max_cycles": 20}, "roles.evaluators": 8,
+    cfg = load_config(DOORKEY, {"env.kwargs": {"max_cycles": 20}, "roles.evaluators": 32,
                                 "checkpoints.rollback_threshold": 0.3})
     gyre = Gyre(cfg, tmp_path / "run")
     turn = gyre.library.index("turn")
@@ -177,3 +179,50 @@ def test_resume_restores_the_buffer_pools_so_elite_mixing_continues_identically(
     for key, value in straight.policy.state_dict().items():
         assert torch.equal(value, resumed.policy.state_dict()[key]), key
     assert straight.buffer.metrics() == resumed.buffer.metrics()
+
+
+# ---------------------------------------------------------------- rollback that cannot freeze a run
+def test_a_drop_is_significant_only_beyond_chance_for_its_sample_sizes():
+    assert significant_drop(best=0.75, best_episodes=48, score=0.4, episodes=48, confidence=0.95)
+    assert not significant_drop(best=0.75, best_episodes=8, score=0.4, episodes=8, confidence=0.95)
+    assert not significant_drop(best=0.6, best_episodes=48, score=0.6, episodes=48, confidence=0.95)
+    assert significant_drop(best=1.0, best_episodes=48, score=0.9, episodes=48, confidence=0.95)
+    assert not significant_drop(best=1.0, best_episodes=48, score=1.0, episodes=48, confidence=0.95)
+
+
+def _noisy_run(tmp_path, overrides, iterations=50, episodes=8, p=0.6, seed=0):
+    """Stability judging sampled success of a policy that never changes: binomial noise only."""
+    config = load_config(DOORKEY, overrides).checkpoints
+    stability = Stability.from_config(config, tmp_path)
+    rng = np.random.default_rng(seed)
+    state = {"policy": {"w": torch.zeros(2)}}
+    for i in range(iterations):
+        rate = rng.binomial(episodes, p) / episodes
+        score, n = stability.score(rate, episodes=episodes, sampled=True)
+        stability.checkpoints.save("latest", state, step=i)
+        stability.validate(score, n, None, step=i)
+    return stability
+
+
+def test_noisy_validation_of_an_unchanged_policy_never_rolls_back(tmp_path):
+    """The 3-agent report: 8 episodes an iteration, a 3-iteration window. The old rule (any drop
+    beyond the threshold, on any sample) rolled back again and again; the default rolls back never."""
+    old = _noisy_run(tmp_path / "old", {"checkpoints.min_validation_episodes": 1, "checkpoints.rollback_confidence": 0.5,
+                                        "checkpoints.rollback_threshold": 0.1, "checkpoints.max_rollbacks": 1000})
+    assert len(old.checkpoints.rollbacks) >= 5
+    default = _noisy_run(tmp_path / "default", {"checkpoints.rollback_threshold": 0.1})
+    assert default.checkpoints.rollbacks == [] and default.checkpoints.lr_scale == 1.0
+
+
+def test_rollbacks_stop_after_max_rollbacks_and_no_best_comes_from_a_small_sample(tmp_path):
+    stability = Stability.from_config(load_config(DOORKEY, {"checkpoints.max_rollbacks": 2}).checkpoints, tmp_path)
+    state = {"policy": {"w": torch.zeros(2)}}
+    stability.checkpoints.save("latest", state, step=0)
+    assert stability.validate(1.0, 16, None, step=0).action == "kept" and stability.checkpoints.best_score is None
+    assert stability.validate(0.9, 64, None, step=1).action == "improved"
+    assert stability.checkpoints.best_episodes == 64
+    for step in (2, 3):
+        assert stability.validate(0.2, 64, None, step=step).rolled_back
+    assert stability.rollbacks_stopped
+    kept = stability.validate(0.1, 64, None, step=4)
+    assert kept.action == "kept" and len(stability.checkpoints.rollbacks) == 2 and kept.lr_scale == 0.25

@@ -28,6 +28,8 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         "agents_lost": float(np.mean([len(last_calls(t)) - len(calls_at_end(t)) for t in trajectories]))
         if trajectories else 0.0,
     }
+    # episodes cut at a dead end of the library (no eligible option for some agent)
+    out["dead_ends"] = sum(bool(t.dead_ends) for t in trajectories) / n
     tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
     if tools:
         out["tool_calls"] = float(np.mean(tools))

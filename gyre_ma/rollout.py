@@ -85,6 +85,9 @@ class Trajectory:
     """Tool calls made in the episode, where the env counts them (``env.tool_calls()``)."""
     rule_results: Any = None
     """What the rule engine found at option and episode ends (gyre_ma.rewards.rules.RuleResults)."""
+    dead_ends: list[str] = field(default_factory=list)
+    """Agents for which no option was eligible (a dead end of the library, e.g. a one-shot
+    option whose milestone was lost): the episode was cut there, as a truncation."""
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]
@@ -155,14 +158,14 @@ def run_episode(
                     agent=a, env=env, observation=observations[a], achieved=verified, rng=rng
                 )
                 mask = library.mask(verified, ctx)
-                if not mask.any():
-                    raise ValueError(
-                        f"library {library.name!r}: no option is eligible for agent {a!r} with "
-                        f"milestones {sorted(verified)}; add an always-eligible option (e.g. wait)"
-                    )
+                if not mask.any():  # a dead end of the library: the episode is cut here (truncation)
+                    traj.dead_ends.append(a)
+                    continue
                 decisions.append(
                     Decision(a, agent_index[a], observations[a], mask, verified, last[a], step / cap, env)
                 )
+            if traj.dead_ends:
+                break
             state = _global_state(env) if record_state else None
             for d, choice in zip(decisions, manager.decide(decisions), strict=True):
                 if not d.mask[choice.option]:

@@ -3,7 +3,8 @@
 :func:`save_checkpoint` / :func:`load_checkpoint` write and read one file (the CLI's
 ``final.pt``). :class:`CheckpointManager` keeps three slots in one folder — ``latest``
 (latest stable), ``pre_update`` (before the last large update), ``best`` (best
-validation) — behind a JSON manifest holding each slot file's SHA-256; it rolls back to
+validation) — behind a JSON manifest holding each slot file's SHA-256, each also under a
+stable name (``best.pt``, ``latest.pt``, ``pre_update.pt``); it rolls back to
 the best slot when validation drops, with a learning-rate cut. :class:`NanGuard` skips
 updates with non-finite numbers and asks for a rollback after ``K`` in a row.
 
@@ -18,8 +19,10 @@ import hashlib
 import io
 import json
 import math
+import os
 import random
 import re
+import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -359,9 +362,22 @@ class CheckpointManager:
                              {k: float(v) for k, v in (metrics or {}).items()})
         self._manifest["slots"][slot] = asdict(record)
         self._write_manifest()
+        self._name_stably(slot, name)
         if old and old != name:
             (self.directory / old).unlink(missing_ok=True)
         return self.directory / name
+
+    def _name_stably(self, slot: Slot, name: str) -> None:
+        """``<slot>.pt`` (``best.pt``, ``latest.pt``, ``pre_update.pt``): the slot's file under a
+        name a user can pass to ``gyre-ma eval``, replaced atomically (a hard link, or a copy
+        where the filesystem has none). The hashed file the manifest names stays the record."""
+        stable, tmp = self.directory / f"{slot}.pt", self.directory / f".{slot}.pt.link.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(self.directory / name, tmp)
+        except OSError:
+            shutil.copyfile(self.directory / name, tmp)
+        os.replace(tmp, stable)
 
     def load(self, slot: Slot) -> dict[str, Any]:
         """The state in ``slot``; a missing, corrupt or mismatched file is a ValueError naming it."""

@@ -180,7 +180,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import parse_config
     from gyre_ma.loop import Gyre
-    from gyre_ma.metrics import episode_metrics
+    from gyre_ma.metrics import episode_metrics, wilson_interval
     from gyre_ma.roles import RolloutTask
 
     if args.episodes < 1:
@@ -196,10 +196,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         gyre.close()
     metrics = episode_metrics(trajectories, gyre.library.graph.names)
     metrics |= gyre.arbitrate(trajectories)
-    table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes")
+    low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
+    metrics |= {"success_ci95_low": low, "success_ci95_high": high}
+    table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes "
+                        f"({'greedy' if args.greedy else 'sampled'}, task seeds {args.seed}–{args.seed + args.episodes - 1})")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("verified completion", f"{metrics['success_rate']:.1%}")
+    table.add_row("verified completion", f"{metrics['success_rate']:.1%} (95 % CI {low:.1%}–{high:.1%})")
+    table.add_row("agents lost per episode", f"{metrics['agents_lost']:.2f}")
+    table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
     table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}")
     table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
     for m in gyre.library.graph.names:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
 import numpy as np
 
 from gyre_ma.config import CreditConfig
@@ -48,3 +51,18 @@ def anchor_metrics(trajectories: list[Trajectory], credit: CreditConfig, names: 
     mean, values = anchor_values(outcomes=outcomes(trajectories, credit), verified_at=verified_at(trajectories, names),
                                  prior=credit.anchor_prior)
     return {f"anchor/{name}": float(v - mean) for name, v in zip(names, values, strict=True)}
+
+
+def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a success rate: ``successes`` of ``n`` episodes, at
+    ``confidence`` (two-sided); it stays inside [0, 1] and is sound at 0 % and 100 %."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    return low, 1.0 if successes == n else min(1.0, centre + half)

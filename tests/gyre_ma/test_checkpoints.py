@@ -230,6 +230,8 @@ def test_slots_judged_as_latest_are_copied_not_serialised_again(tmp_path, monkey
     slots = manager.manifest["slots"]
     assert slots["best"]["sha256"] == slots["latest"]["sha256"] == slots["pre_update"]["sha256"]
     assert manager.path("best").read_bytes() == manager.path("latest").read_bytes()
+    for slot in ("best", "latest", "pre_update"):  # each slot under a stable name, for gyre-ma eval
+        assert (tmp_path / f"{slot}.pt").read_bytes() == manager.path(slot).read_bytes()
     assert manager.validate(0.45, None, step=6).action == "kept" and slots["latest"]["step"] == 4
     assert not saves and manager.verify() == {"latest": True, "best": True, "pre_update": True}
 

@@ -104,12 +104,18 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     assert any((run_dir / "tensorboard").iterdir())
     assert "summary" in out.stdout and "success_rate" in out.stdout
     ckpt = run_dir / "checkpoints" / "final.pt"
+    # 16 episodes are too few to judge (checkpoints.min_validation_episodes): no best yet
+    assert {"latest.pt", "final.pt"} <= {p.name for p in (run_dir / "checkpoints").iterdir()}
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(ckpt), "--episodes", "3",
                           "--json", str(tmp_path / "eval.json")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "verified completion" in out.stdout and "milestone has_key" in out.stdout
+    assert "verified completion" in out.stdout and "milestone has_key" in out.stdout and "95 % CI" in out.stdout
     result = json.loads((tmp_path / "eval.json").read_text())
     assert 0.0 <= result["success_rate"] <= 1.0 and result["episode_length"] > 0
+    assert result["success_ci95_low"] <= result["success_rate"] <= result["success_ci95_high"]
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(run_dir / "checkpoints" / "latest.pt"),
+                          "--episodes", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "plot", str(run_dir)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -218,3 +224,14 @@ def test_a_learner_in_another_precision_than_the_rollouts_trains_through_the_who
     assert history[-1]["update_skipped"] == 0.0 and math.isfinite(history[-1]["policy_loss"])
     assert math.isfinite(history[-1]["noise/explorer/distance"])
     assert all(v.device.type == "cpu" for v in gyre.weights()["policy"].values())  # what rollouts load
+
+
+def test_wilson_interval_matches_known_values():
+    from gyre_ma.metrics import wilson_interval
+
+    low, high = wilson_interval(77, 100)
+    assert low == pytest.approx(0.6784, abs=1e-3) and high == pytest.approx(0.8416, abs=1e-3)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    assert wilson_interval(20, 20)[0] == pytest.approx(0.8389, abs=1e-3)
+    with pytest.raises(ValueError, match="successes <= n"):
+        wilson_interval(5, 4)

@@ -290,6 +290,12 @@ class CheckpointManager:
         for p in self.directory.iterdir():
             if p.name.endswith(".tmp") or (pattern.match(p.name) and p.name not in keep):
                 p.unlink(missing_ok=True)
+        for slot in SLOTS:  # a crash may have left a stable name on the slot's previous file
+            record = self._manifest["slots"].get(slot)
+            if record is not None and (self.directory / record["file"]).is_file():
+                self._name_stably(slot, record["file"])
+            elif record is None:
+                (self.directory / f"{slot}.pt").unlink(missing_ok=True)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -372,6 +378,8 @@ class CheckpointManager:
         name a user can pass to ``gyre-ma eval``, replaced atomically (a hard link, or a copy
         where the filesystem has none). The hashed file the manifest names stays the record."""
         stable, tmp = self.directory / f"{slot}.pt", self.directory / f".{slot}.pt.link.tmp"
+        if stable.exists() and os.path.samefile(stable, self.directory / name):
+            return  # already (rename() of one hard link onto another of the same file does nothing)
         tmp.unlink(missing_ok=True)
         try:
             os.link(self.directory / name, tmp)

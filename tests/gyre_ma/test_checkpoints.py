@@ -126,11 +126,14 @@ def test_sigkill_during_saves_always_leaves_a_loadable_latest_that_agrees_with_t
         os.waitpid(pid, 0)
         manifest = json.loads((tmp_path / "manifest.json").read_text())
         named = {rec["file"] for rec in manifest["slots"].values()}
-        interrupted += any(p.name.endswith(".tmp") or (p.suffix == ".pt" and p.name not in named)
+        stable = {f"{slot}.pt" for slot in manifest["slots"]}
+        interrupted += any(p.name.endswith(".tmp") or (p.suffix == ".pt" and p.name not in named | stable)
                            for p in tmp_path.iterdir())
-        manager = CheckpointManager(tmp_path)  # removes the leftovers
+        manager = CheckpointManager(tmp_path)  # removes the leftovers, re-points the stable names
         assert all(manager.verify().values())
-        assert {p.name for p in tmp_path.iterdir()} == named | {"manifest.json"}
+        assert {p.name for p in tmp_path.iterdir()} == named | stable | {"manifest.json"}
+        for slot in manifest["slots"]:
+            assert (tmp_path / f"{slot}.pt").read_bytes() == manager.path(slot).read_bytes()
         state = manager.load("latest")
         step = state["step"]
         assert step >= last_step and bool((state["policy"] == step).all())

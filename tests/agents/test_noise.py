@@ -22,6 +22,7 @@ from gyre_ma.agents.noise import (
     make_exploration,
     masked_kl,
     perturb,
+    same_value,
 )
 from gyre_ma.options.decision import Decision
 
@@ -277,3 +278,29 @@ def test_numpy_forward_names_a_layer_it_cannot_run():
     pol.body[2] = torch.nn.ReLU()
     with pytest.raises(TypeError, match="ReLU.*ManagerPolicy"):
         NumpyForward(pol)
+
+
+def test_a_greedy_manager_does_not_repeat_an_option_that_changed_nothing():
+    """A policy whose argmax is an option that does nothing (MiniGrid's 'done' action) used to
+    wait until the step cap; greedy now sets it aside while the state is unchanged."""
+    import warnings
+
+    from gyre_ma.agents.manager import Featurizer, ManagerPolicy
+    from gyre_ma.envs.minigrid_doorkey import make_env, make_library
+    from gyre_ma.options.option import Option
+    from gyre_ma.rollout import run_episode
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # minigrid's gymnasium registration
+        env = make_env(max_cycles=200)
+    library = make_library()
+    library.add(Option("wait", lambda ctx: 6, done=lambda ctx: ctx.steps >= 1, max_steps=1))
+    featurizer = Featurizer(env.observation_space(env.possible_agents[0]), library)
+    policy = ManagerPolicy(featurizer.dim, len(library), 1)
+    with torch.no_grad():
+        policy.head.bias[library.index("wait")] = 20.0
+    traj = run_episode(env, library, NoisyManager(policy, featurizer, greedy=True, seed=0), seed=0)
+    waits = sum(library[c.option].name == "wait" for c in traj.calls)
+    assert traj.success and waits == len(traj.calls) - waits, (waits, len(traj.calls))  # one wait per new state
+    same = {"a": np.zeros(3), "b": [1, (2, 3)]}
+    assert same_value(same, {"a": np.zeros(3), "b": [1, (2, 3)]}) and not same_value(same, {"a": np.ones(3), "b": [1, (2, 3)]})

@@ -438,12 +438,12 @@ class NoisyManager:
     unperturbed critic (centralised when a ``state_scaler`` is given); ``greedy`` ignores the noise and
     takes the policy's argmax.
 
-    A greedy manager is deterministic: back at the very state it decided in, it would
-    choose the same option again, forever. So when an agent's decision state (its
-    observation and verified milestones) is unchanged since its previous decision — the
-    option it ran verified nothing and changed nothing — that option is set aside until the
-    state changes, and the argmax is taken over the eligible options not yet tried from
-    this state (all of them again once every one has been).
+    A greedy manager is deterministic: back in a state like the one it decided in, it
+    chooses the same option again, and an option that verifies nothing (wait, a 1-step
+    gather) can be chosen forever. So greedy takes the argmax over the eligible options the
+    agent has not tried since its verified milestones last changed: an option that verified
+    nothing is set aside until a milestone is verified, and once every eligible option has
+    been tried they are all open again (a new round, so upkeep can recur).
     """
 
     def __init__(self, policy: ManagerPolicy, featurizer: Featurizer,
@@ -463,8 +463,9 @@ class NoisyManager:
     def begin_episode(self, seed: int) -> None:
         """Reseed; under parameter noise, draw this episode's perturbed weights."""
         self.generator.manual_seed(int(seed))
-        self._tried: dict[str, tuple[Any, frozenset[str], set[int]]] = {}
-        """Greedy only: per agent, the last decision state and the options tried from it."""
+        self._tried: dict[str, tuple[frozenset[str], set[int]]] = {}
+        """Greedy only: per agent, the milestones verified at its last decision and the options
+        it tried since they were last extended."""
         n = self.noise
         if n.kind == "param" and n.scale > 0 and not self.greedy:
             self.acting = perturb(self.policy, sigma=n.scale, generator=self.generator,
@@ -480,7 +481,7 @@ class NoisyManager:
         logits = np.where(mask, self._act(features, agent), _MASKED)
         if self.greedy:
             log_probs = behaviour_log_probs(logits, mask, NO_NOISE)
-            options = np.array([self._untried_argmax(d, row) for d, row in zip(decisions, log_probs, strict=True)])
+            options = self._untried_argmax(decisions, log_probs)
         else:
             log_probs = behaviour_log_probs(logits, mask, self.noise)
             probs = np.exp(log_probs)
@@ -501,32 +502,21 @@ class NoisyManager:
                 for o, lp, v in zip(options.tolist(), chosen.tolist(), values.tolist(), strict=True)]
 
 
-    def _untried_argmax(self, d: Decision, log_probs: np.ndarray) -> int:
-        """The most likely eligible option not yet tried from ``d``'s state (greedy)."""
-        last = self._tried.get(d.agent)
-        tried = last[2] if last is not None and d.achieved == last[1] and same_value(d.observation, last[0]) else set()
-        allowed = d.mask.copy()
-        allowed[list(tried)] = False
-        if not allowed.any():  # every eligible option tried from here: a new round
-            allowed, tried = d.mask, set()
-        option = int(np.where(allowed, log_probs, -np.inf).argmax())
-        self._tried[d.agent] = (copy.deepcopy(d.observation), d.achieved, tried | {option})  # envs reuse buffers
-        return option
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Whether two observations are equal: arrays elementwise, mappings and sequences item by item."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and bool(
-            np.array_equal(a, b))
-    if isinstance(a, Mapping):
-        return isinstance(b, Mapping) and a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same_value, a, b))
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return a is b
+    def _untried_argmax(self, decisions: Sequence[Decision], log_probs: np.ndarray) -> np.ndarray:
+        """Per decision, the most likely eligible option its agent has not tried since its
+        milestones last changed (looked up before any of this batch is recorded)."""
+        options = []
+        for d, row in zip(decisions, log_probs, strict=True):
+            last = self._tried.get(d.agent)
+            tried = last[1] if last is not None and d.achieved == last[0] else set()
+            allowed = d.mask.copy()
+            allowed[list(tried)] = False
+            if not allowed.any():  # every eligible option tried since the last milestone: a new round
+                allowed, tried = d.mask, set()
+            options.append((d, tried, int(np.where(allowed, row, -np.inf).argmax())))
+        for d, tried, option in options:
+            self._tried[d.agent] = (d.achieved, tried | {option})
+        return np.array([option for _, _, option in options], dtype=np.int64)
 
 
 def make_exploration(kind: NoiseKind, target: AnnealSchedule | float, **kwargs: Any) -> Exploration:

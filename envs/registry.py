@@ -76,9 +76,18 @@ def make_library(env_id: str, env: Any, source: str | None = None) -> OptionLibr
     return library.validate()
 
 
-def make_oracle(env_id: str, env: Any, library: OptionLibrary) -> Any:
-    """The env's oracle manager, choosing among ``library``'s options."""
-    spec = ENVIRONMENTS.get(env_id)
-    if spec is None or spec.oracle is None:
-        raise ValueError(f"manager.kind: environment {env_id!r} has no oracle manager")
-    return _call(resolve(spec.oracle, "oracle"), "oracle", env=env, library=library)
+def make_oracle(env_id: str, env: Any, library: OptionLibrary, source: str | None = None) -> Any:
+    """The env's oracle manager, choosing among ``library``'s options; ``source`` (a
+    ``module:callable`` taking any of ``env``, ``library`` by name) supplies one for any env."""
+    if source is not None:
+        manager = _call(resolve(source, "manager.policy"), "manager.policy", env=env, library=library)
+    else:
+        spec = ENVIRONMENTS.get(env_id)
+        if spec is None or spec.oracle is None:
+            raise ValueError(f"manager.kind: environment {env_id!r} has no built-in oracle manager; set "
+                             "manager.policy to a 'module:callable' that builds one (kind 'scripted')")
+        manager = _call(resolve(spec.oracle, "oracle"), "oracle", env=env, library=library)
+    if not callable(getattr(manager, "decide", None)):
+        raise TypeError(f"manager.policy: {source or env_id!r} built {type(manager).__name__}, which has no "
+                        "decide(decisions) -> list[Choice] method (the Manager protocol)")
+    return manager

@@ -57,6 +57,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"critical path {length:g} steps: {' → '.join(path)}"
     )
     if config is not None:
+        if config.manager.kind in ("oracle", "scripted"):  # built now, so that train cannot fail on it later
+            from gyre_ma.envs.registry import make_env, make_oracle
+
+            make_oracle(config.env.id, make_env(config.env.id, **config.env.kwargs), library, config.manager.policy)
         console.print(f"config {args.source!r}: valid (experiment {config.name!r}, env {config.env.id})")
     console.print("[green]ok[/green]")
     return 0

@@ -41,9 +41,19 @@ class ManagerConfig(_Section):
     """Size of the agent-id embedding shared parameters use to tell agents apart."""
     centralised_critic: bool = False
     """Value the global ``state()`` (shared by all agents) instead of each agent's features."""
-    kind: Literal["learned", "flat", "random", "oracle"] = "learned"
+    kind: Literal["learned", "flat", "random", "oracle", "scripted"] = "learned"
     """``learned`` trains the manager over options; ``flat`` trains the same policy over
-    primitive actions (the flat-PPO baseline); ``random`` and ``oracle`` do not learn."""
+    primitive actions (the flat-PPO baseline); ``random``, ``oracle`` (a built-in env's) and
+    ``scripted`` (``policy``) do not learn."""
+    policy: str | None = None
+    """``module:callable`` building a reference manager (anything with ``decide``) from any of
+    ``env``, ``library`` by name: the ``scripted`` manager, or an oracle for any env."""
+
+    @model_validator(mode="after")
+    def _scripted_has_a_policy(self) -> ManagerConfig:
+        if self.kind == "scripted" and self.policy is None:
+            raise ValueError("`kind` 'scripted' needs `policy`: a 'module:callable' that builds the manager")
+        return self
 
 
 class CreditConfig(_Section):

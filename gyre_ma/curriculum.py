@@ -92,7 +92,7 @@ class Curriculum:
         if cur.warmup_goal is not None and cur.warmup_goal not in library.graph:
             raise ValueError(f"curriculum.warmup_goal: {cur.warmup_goal!r} is not a milestone; "
                              f"known: {list(library.graph.names)}")
-        oracle = make_oracle(config.env.id, env, library)
+        oracle = make_oracle(config.env.id, env, library, config.manager.policy)
         runs = [run_episode(env, library, oracle, seed=10**9 + s) for s in range(cur.oracle_episodes)]
         return cls.from_oracle(runs, warmup_goal=cur.warmup_goal, k=cur.k, warmup_k=cur.warmup_k,
                                refine_k=cur.refine_k, threshold=cur.threshold, window=cur.window)

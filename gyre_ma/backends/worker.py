@@ -68,8 +68,8 @@ class RolloutKit:
         if m.kind in ("learned", "flat"):
             with torch.random.fork_rng():  # initial weights are overwritten; leave the caller's RNG alone
                 kit._build_modules(config, agents)
-        elif m.kind == "oracle":
-            kit.fixed = make_oracle(config.env.id, env, library)
+        elif m.kind in ("oracle", "scripted"):
+            kit.fixed = make_oracle(config.env.id, env, library, m.policy)
         return kit
 
     def _build_modules(self, config: Any, agents: list[str]) -> None:

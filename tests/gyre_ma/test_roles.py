@@ -194,3 +194,26 @@ def test_building_a_worker_leaves_the_callers_torch_rng_alone():
     torch.manual_seed(123)
     RolloutWorker(DOORKEY)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_user_supplies_the_reference_manager_for_any_env(tmp_path):
+    """manager.kind: scripted with manager.policy: module:callable (before, only the two
+    built-in envs had an oracle, and `gyre-ma check` said ok on a config training then refused)."""
+    from gyre_ma.cli import main
+    from gyre_ma.config import ConfigError
+    from gyre_ma.loop import Gyre
+
+    cfg = parse_config({"env": {"id": "workflow_v0"}, "train": {"episodes_per_iteration": 4},
+                        "manager": {"kind": "scripted", "policy": "gyre_ma.envs.workflow.oracle:OracleManager"}})
+    gyre = Gyre(cfg)
+    metrics = gyre.iteration(0)
+    assert metrics["success_rate"] >= 0.75 and "policy_loss" not in metrics
+    with pytest.raises(ConfigError, match="'scripted' needs `policy`"):
+        parse_config({"manager": {"kind": "scripted"}})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: {id: workflow_v0}\\nmanager: {kind: scripted, policy: 'builtins:dict'}\\n")
+    assert main(["check", str(bad)]) == 2
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("env: {id: 'gyre_ma.envs.minigrid_doorkey:make_env'}\\n"
+                       "library: 'gyre_ma.envs.minigrid_doorkey:make_library'\\nmanager: {kind: oracle}\\n")
+    assert main(["check", str(missing)]) == 2

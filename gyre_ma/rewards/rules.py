@@ -35,7 +35,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gyre_ma.envs.base import unwrap
-from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import resolve
 from gyre_ma.options.yaml_file import read_yaml

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -65,12 +66,20 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
         raise ValueError(f"env.kwargs: {env_id} rejected the arguments {kwargs!r} ({exc})") from None
 
 
-def make_library(env_id: str, env: Any, source: str | None = None) -> OptionLibrary:
-    """The option library: ``source`` (YAML or ``module:callable``) or the env's own."""
+def make_library(env_id: str, env: Any, source: str | None = None,
+                 kwargs: dict[str, Any] | None = None) -> OptionLibrary:
+    """The option library: ``source`` (YAML or ``module:callable``) or the env's own, its
+    factory called with ``kwargs`` (the config's ``library_kwargs``)."""
+    kwargs = dict(kwargs or {})
     if source is not None:
-        library = OptionLibrary.load(source)
+        library = OptionLibrary.load(source, **kwargs)
     elif env_id in ENVIRONMENTS:
-        library = _call(resolve(ENVIRONMENTS[env_id].library, "library"), "library", env=env)
+        factory = functools.partial(resolve(ENVIRONMENTS[env_id].library, "library"), **kwargs)
+        try:
+            library = _call(factory, "library", env=env)
+        except TypeError as exc:
+            raise ValueError(f"library_kwargs: the {env_id} library rejected the arguments {sorted(kwargs)} "
+                             f"({exc})") from None
     else:
         raise ValueError(f"library: environment {env_id!r} has no built-in library; set 'library'")
     return library.validate()

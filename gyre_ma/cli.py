@@ -37,7 +37,7 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
             return OptionLibrary.from_spec(data, where=path.name), None
         config = load_config(path)
         env = make_env(config.env.id, **config.env.kwargs)
-        return make_library(config.env.id, env, config.library), config
+        return make_library(config.env.id, env, config.library, config.library_kwargs), config
     return OptionLibrary.load(source), None
 
 

@@ -372,6 +372,8 @@ class ExperimentConfig(_Section):
     """The environment."""
     library: str | None = None
     """Option library: a YAML file, or ``module:callable``; default: the env's own."""
+    library_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the library's factory (a ``module:callable`` or the env's own)."""
     manager: ManagerConfig = Field(default_factory=ManagerConfig)
     """The manager policy."""
     credit: CreditConfig = Field(default_factory=CreditConfig)

@@ -207,14 +207,23 @@ class OptionLibrary:
         return {"name": self.name, "graph": self.graph.to_spec(), "options": options}
 
     @classmethod
-    def load(cls, source: str | Path) -> OptionLibrary:
-        """Load a YAML file, or call a ``module:callable`` that returns a library."""
+    def load(cls, source: str | Path, **kwargs: Any) -> OptionLibrary:
+        """Load a YAML file, or call a ``module:callable`` that returns a library with
+        ``kwargs`` (the config's ``library_kwargs``, e.g. the env it is built for)."""
         text = str(source)
         path = Path(text)
         if path.suffix in (".yaml", ".yml") or path.exists():
             return cls.from_spec(read_yaml(path, "library file"), where=path.name)
         factory = resolve(text, "library")
-        library = factory() if callable(factory) and not isinstance(factory, OptionLibrary) else factory
+        if isinstance(factory, OptionLibrary) or not callable(factory):
+            library = factory
+        else:
+            try:
+                library = factory(**kwargs)
+            except TypeError as exc:
+                if not kwargs:
+                    raise
+                raise ValueError(f"library_kwargs: {text} rejected the arguments {sorted(kwargs)} ({exc})") from None
         if not isinstance(library, OptionLibrary):
             raise ValueError(f"library: {text!r} gave {type(library).__name__}, expected an OptionLibrary")
         return library.validate()

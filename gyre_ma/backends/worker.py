@@ -58,7 +58,7 @@ class RolloutKit:
         if m.kind == "flat":
             library = primitive_library(env.task_graph(), env.action_space(agents[0]))
         else:
-            library = make_library(config.env.id, env, config.library)
+            library = make_library(config.env.id, env, config.library, config.library_kwargs)
         kit = cls(env, library, m.kind, config.train.max_steps)
         rewards = getattr(config, "rewards", None)
         if rewards is not None and (rewards.rules or rewards.rules_file):

@@ -182,3 +182,15 @@ def test_an_override_changes_exactly_the_key_it_names_in_every_nested_section(co
     changed = load_config(path, {"roles.executor_noise.anneal_iterations": 50}).model_dump(mode="json")
     diff = {k for (k, v), (_, w) in zip(_leaves(base), _leaves(changed), strict=True) if v != w}
     assert diff == {"roles.executor_noise.anneal_iterations"}
+
+
+def test_library_factories_take_library_kwargs():
+    from gyre_ma.backends.worker import RolloutKit
+
+    single = RolloutKit.from_config(parse_config({"env": {"id": "workflow_v0"}, "manager": {"kind": "random"}}))
+    merged = RolloutKit.from_config(parse_config({"env": {"id": "workflow_v0"}, "manager": {"kind": "random"},
+                                                  "library_kwargs": {"single_cleaners": False}}))
+    assert set(single.library.names) != set(merged.library.names)
+    with pytest.raises(ValueError, match=r"library_kwargs: the workflow_v0 library rejected the arguments \['nope'\]"):
+        RolloutKit.from_config(parse_config({"env": {"id": "workflow_v0"}, "manager": {"kind": "random"},
+                                             "library_kwargs": {"nope": 1}}))

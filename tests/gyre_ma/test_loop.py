@@ -13,8 +13,8 @@ import torch
 from gyre_ma.config import load_config
 from gyre_ma.loop import Gyre
 from gyre_ma.metrics import anchor_metrics, episode_metrics
-from gyre_ma.training_batch import anchor_inputs, build_batch, segment
 from gyre_ma.rollout import OptionCall, Trajectory
+from gyre_ma.training_batch import anchor_inputs, build_batch, segment
 
 ROOT = Path(__file__).resolve().parents[2]
 DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
@@ -164,8 +164,9 @@ def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
 
 
 def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
-    """With anchored credit a call that verified no milestone and did not run at the end
-    gets only its share of local credit; the anchors read the trajectories' own records."""
+    """With anchored credit a call that verified no milestone and did not run at the end gets
+    its share of local credit and its duration's share of the time credit; the anchors read
+    the trajectories' own records."""
     from gyre_ma.credit import episode_outcomes
     from gyre_ma.rewards.milestones import calls_at_end
 
@@ -197,9 +198,17 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     assert outcomes.max() > outcomes.min()                      # seed 0's first batch has both (else w = 0)
     all_won = all(t.success for t in trajectories)  # only the length term separates them: w shrinks
     w = cfg.credit.outcome_weight_succeeded if all_won else cfg.credit.blend_weight
-    assert quiet.any() and (~quiet).any()
-    assert torch.allclose(anchored[quiet], (1 - w) * local[quiet], atol=1e-6)
-    assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet], atol=1e-6)
+    # a quiet call's anchored credit is only its duration's share of its episode's time credit
+    from gyre_ma.credit import anchored_outcome_credit
+
+    success = torch.tensor([t.success for t in trajectories])
+    _, _, time = anchored_outcome_credit(outcomes=outcomes, verified_at=anchors["verified_at"],
+                                         prior=cfg.credit.anchor_prior, success=success)
+    share = torch.tensor([c.duration / sum(x.duration for x in row) * time[seg.episode[r]].item()
+                          for r, row in enumerate(seg.calls) for c in row])
+    assert quiet.any() and (~quiet).any() and share.abs().max() > 0
+    assert torch.allclose(anchored[quiet], (1 - w) * local[quiet] + w * share[quiet], atol=1e-5)
+    assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet] + w * share[~quiet], atol=1e-5)
     # the logged anchor values: per milestone, the shrunk mean outcome of the episodes that
     # verified it, less the batch's mean outcome (0 for a milestone no episode verified)
     logged = anchor_metrics(trajectories, cfg.credit, names)

@@ -84,12 +84,22 @@ def test_evaluator_runs_greedy_noise_free_validation(doorkey):
     plain = worker.run(RolloutTask("evaluator", 4), weights, 2)
     assert fingerprint(val) == fingerprint(plain) and val.greedy
     kit = worker.kit
-    # every choice was the unperturbed policy's argmax
+    # every choice was the unperturbed policy's argmax among the options the agent had not
+    # tried since its milestones last changed (the greedy manager's rule against stalling)
+    tried: set[int] = set()
+    achieved = None
     for c in val.calls:
+        if c.achieved != achieved:
+            tried, achieved = set(), c.achieved
+        allowed = c.mask.copy()
+        allowed[list(tried)] = False
+        if not allowed.any():
+            allowed, tried = c.mask, set()
         x = torch.from_numpy(kit.featurizer(c))[None]
         with torch.no_grad():
-            logits = kit.policy(x, torch.tensor([c.agent_index]), torch.from_numpy(c.mask)[None])
+            logits = kit.policy(x, torch.tensor([c.agent_index]), torch.from_numpy(allowed)[None])
         assert c.option == int(logits.argmax())
+        tried.add(c.option)
     assert validation_tasks([1, 2]) == [RolloutTask("evaluator", 1, 0, NO_NOISE, True),
                                         RolloutTask("evaluator", 2, 0, NO_NOISE, True)]
 

@@ -92,8 +92,10 @@ def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_pa
 
 def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):
     """A learning-rate spike on a sign-flipped update (a reward bug) wrecks the policy;
-    validation catches it, the best parameters come back and the LR is halved."""
-    cfg = load_config(DOORKEY, {"env.kwargs": {"max_cycles": 20}, "roles.evaluators": 32,
+    validation (each iteration's 32 sampled episodes) catches it, the best parameters come back
+    and the LR is halved."""
+    cfg = load_config(DOORKEY, {"env.kwargs": {"max_cycles": 20}, "roles.evaluators": 0,
+                                "train.episodes_per_iteration": 32, "checkpoints.validation_window": 1,
                                 "checkpoints.rollback_threshold": 0.3})
     gyre = Gyre(cfg, tmp_path / "run")
     turn = gyre.library.index("turn")

@@ -340,8 +340,7 @@ class _Probe:
                 raise self._fail(
                     "determinism",
                     f"with the same seed and actions, agent {agent!r}'s observation {self._when} differs "
-                    f"between two runs: {describe(exp.observations[t].get(agent))} vs "
-                    f"{describe(observations.get(agent))}",
+                    f"between two runs, first {first_difference(exp.observations[t].get(agent), observations.get(agent))}",
                     fix_env, agent=agent,
                 )
         if frozenset(verified) != exp.verified[t]:
@@ -580,6 +579,27 @@ def _pettingzoo_tests(factory: Callable[[], Any], n_steps: int, module: ModuleTy
 
 
 # ---------------------------------------------------------------------- messages
+def first_difference(a: Any, b: Any, where: str = "") -> str:
+    """Where two observations first differ and how: ``at ['image'][3, 4, 0]: 2 vs 5`` (the
+    element, not the whole value, so a large array's one changed cell is named)."""
+    at = where or "the top level"
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        if a.keys() != b.keys():
+            return f"at {at}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for key in a:
+            if not data_equivalence(a[key], b[key]):
+                return first_difference(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if not data_equivalence(x, y):
+                return first_difference(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype:
+        index = tuple(int(i) for i in np.argwhere(~((a == b) | (a != a) & (b != b)))[0]) if a.size else ()
+        if index:
+            return f"at {where or 'the array'}[{', '.join(map(str, index))}]: {a[index]!r} vs {b[index]!r}"
+    return f"at {at}: {describe(a)} vs {describe(b)}"
+
+
 def describe(value: Any, limit: int = 120) -> str:
     """A short, readable summary of an observation or action for an error message."""
     if isinstance(value, np.ndarray):

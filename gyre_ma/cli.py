@@ -181,6 +181,8 @@ def _say_rollbacks(out: Console, gyre: Any, metrics: dict[str, float], iteration
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
+    import numpy as np
+
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import parse_config
     from gyre_ma.loop import Gyre
@@ -207,6 +209,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("verified completion", f"{metrics['success_rate']:.1%} (95 % CI {low:.1%}–{high:.1%})")
+    won = [t for t in trajectories if t.success]  # a success ends at the goal: its length is the steps to it
+    metrics |= {"steps_to_goal": float(np.mean([t.length for t in won])) if won else float("nan"),
+                "calls_to_goal": float(np.mean([len(t.calls) for t in won])) if won else float("nan")}
+    table.add_row("steps to the goal (successes)", f"{metrics['steps_to_goal']:.1f}")
+    table.add_row("option calls to the goal (successes)", f"{metrics['calls_to_goal']:.1f}")
     table.add_row("agents lost per episode", f"{metrics['agents_lost']:.2f}")
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
     table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}")

@@ -268,3 +268,24 @@ def test_why_outside_points_into_nested_spaces() -> None:
     )
     assert why_outside(space, {"pos": np.array([1, 2])}, "obs") == "obs['dir'] is missing"
     assert "has shape (3,)" in why_outside(space["pos"], np.zeros(3, np.int64))
+
+
+class NonDeterministicPixel(CounterEnv):
+    """A dict observation with a large image whose one cell depends on a counter surviving reset()."""
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return spaces.Dict({"count": spaces.Box(0, 100, (1,), np.int64), "image": spaces.Box(0, 9, (8, 8, 3), np.int64)})
+
+    def observe(self, agent: str) -> dict:
+        image = np.zeros((8, 8, 3), dtype=np.int64)
+        image[5, 2, 1] = self.noise
+        return {"count": np.array([self.counter], dtype=np.int64), "image": image}
+
+    def reset(self, seed=None, options=None):
+        self.noise = next(_episodes) % 2
+        return super().reset(seed=seed, options=options)
+
+
+def test_the_determinism_check_names_the_element_that_differs() -> None:
+    _fails(NonDeterministicPixel, "determinism", r"first at \['image'\]\[5, 2, 1\]: (np\.int64\()?[01]\)? vs (np\.int64\()?[01]\)?",
+           pettingzoo_tests=False)

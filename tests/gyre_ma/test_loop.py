@@ -113,6 +113,7 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     result = json.loads((tmp_path / "eval.json").read_text())
     assert 0.0 <= result["success_rate"] <= 1.0 and result["episode_length"] > 0
     assert result["success_ci95_low"] <= result["success_rate"] <= result["success_ci95_high"]
+    assert "steps to the goal" in out.stdout and "calls_to_goal" in result
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(run_dir / "checkpoints" / "latest.pt"),
                           "--episodes", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -306,7 +306,10 @@ class RayBackend:
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in ready:
+            # each actor's calls in the order it plays them: when it dies, every call queued on
+            # it fails at once, and the failure belongs to the one it was playing (the head)
+            position = {r: i for slot in self._slots for i, r in enumerate(slot.queued)}
+            for ref in sorted(ready, key=lambda r: position.get(r, -1)):
                 if ref in starting:
                     self._started(starting[ref], ref)
                 else:

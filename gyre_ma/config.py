@@ -402,6 +402,9 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="after")
     def _groups_fit(self) -> ExperimentConfig:
+        if self.group_size < 1:
+            raise ValueError("`roles.explorers` + `roles.executors` must be >= 1: each task seed needs at least one "
+                             "episode (got 0 + 0)")
         if self.train.episodes_per_iteration % self.group_size:
             raise ValueError(
                 f"`train.episodes_per_iteration` ({self.train.episodes_per_iteration}) must be a multiple of the "

@@ -52,6 +52,8 @@ def test_errors_name_path_value_and_expectation():
         parse_config({"train": {"episodes_per_iteration": 10}})
     with pytest.raises(ConfigError, match=r"`group_size` is not a key: .*`roles.explorers` \+ `roles.executors`"):
         parse_config({"train": {"group_size": 4}})
+    with pytest.raises(ConfigError, match=r"`roles.explorers` \+ `roles.executors` must be >= 1: .* \(got 0 \+ 0\)"):
+        parse_config({"roles": {"explorers": 0, "executors": 0}})
 
 
 def test_yaml_roundtrip_and_overrides(tmp_path):

@@ -24,9 +24,11 @@ class UsageError(ValueError):
 
 
 def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]:
-    """A config YAML, a library YAML, or ``module:callable`` → (OptionLibrary, config)."""
+    """A config YAML, a library YAML, or ``module:callable`` → (OptionLibrary, config). A
+    config's oracle or scripted manager is built too, so that a config that loads here
+    cannot fail on it in ``train``."""
     from gyre_ma.config import load_config
-    from gyre_ma.envs.registry import make_env, make_library
+    from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.options.library import OptionLibrary
     from gyre_ma.options.yaml_file import read_yaml
 
@@ -37,7 +39,10 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
             return OptionLibrary.from_spec(data, where=path.name), None
         config = load_config(path)
         env = make_env(config.env.id, **config.env.kwargs)
-        return make_library(config.env.id, env, config.library, config.library_kwargs), config
+        library = make_library(config.env.id, env, config.library, config.library_kwargs)
+        if config.manager.kind in ("oracle", "scripted"):
+            make_oracle(config.env.id, env, library, config.manager.policy)
+        return library, config
     return OptionLibrary.load(source), None
 
 
@@ -57,10 +62,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"critical path {length:g} steps: {' → '.join(path)}"
     )
     if config is not None:
-        if config.manager.kind in ("oracle", "scripted"):  # built now, so that train cannot fail on it later
-            from gyre_ma.envs.registry import make_env, make_oracle
-
-            make_oracle(config.env.id, make_env(config.env.id, **config.env.kwargs), library, config.manager.policy)
         console.print(f"config {args.source!r}: valid (experiment {config.name!r}, env {config.env.id})")
     console.print("[green]ok[/green]")
     return 0

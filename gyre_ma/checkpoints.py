@@ -33,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from gyre_ma.files import atomic_write
+from gyre_ma.files import atomic_write, fsync_dir
 
 Slot = Literal["latest", "pre_update", "best"]
 SLOTS: tuple[Slot, ...] = ("latest", "pre_update", "best")
@@ -219,6 +219,21 @@ def parameter_step_size(before: Mapping[str, torch.Tensor], after: Mapping[str, 
 
 
 # --------------------------------------------------------------------------- the manager
+def _place(source: Path, target: Path) -> None:
+    """``target`` becomes ``source``'s file, atomically: a hard link (a copy where the
+    filesystem has none) under a temporary name, renamed over ``target``, the folder fsynced."""
+    if target.exists() and os.path.samefile(source, target):
+        return  # already (rename() of one hard link onto another of the same file does nothing)
+    tmp = target.with_name(f".{target.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+
+
 @dataclass
 class _SlotRecord:
     file: str
@@ -293,7 +308,7 @@ class CheckpointManager:
         for slot in SLOTS:  # a crash may have left a stable name on the slot's previous file
             record = self._manifest["slots"].get(slot)
             if record is not None and (self.directory / record["file"]).is_file():
-                self._name_stably(slot, record["file"])
+                _place(self.directory / record["file"], self.directory / f"{slot}.pt")
             elif record is None:
                 (self.directory / f"{slot}.pt").unlink(missing_ok=True)
 
@@ -344,48 +359,41 @@ class CheckpointManager:
         torch.save(to_storable(dict(state)), buf)
         data = buf.getvalue()
         digest = hashlib.sha256(data).hexdigest()
-        paths = [self._put(slot, data, digest, step=step, metrics=metrics) for slot in slots]
+        paths = [self._put(slot, digest, len(data), step=step, metrics=metrics, data=data) for slot in slots]
         return paths[0]
 
     def promote(self, source: Slot, target: Slot, *, step: int | None = None,
                 metrics: Mapping[str, float] | None = None) -> Path:
-        """Copy ``source``'s file to ``target`` as it is: nothing re-serialised or re-hashed."""
+        """Give ``target`` ``source``'s file as it is (a hard link where the filesystem has
+        them): nothing re-serialised, re-hashed or rewritten."""
         self._check_slot(target)
         record = self._manifest["slots"].get(source) if source in SLOTS else None
         if record is None:
             raise ValueError(f"cannot copy checkpoint slot {source!r} to {target!r}: {source!r} is empty "
                              f"in {str(self.directory)!r}")
-        data = (self.directory / record["file"]).read_bytes()
-        return self._put(target, data, record["sha256"], step=step, metrics=metrics)
+        return self._put(target, record["sha256"], record["bytes"], step=step, metrics=metrics,
+                         source=self.directory / record["file"])
 
-    def _put(self, slot: Slot, data: bytes, digest: str, *, step: int | None,
-             metrics: Mapping[str, float] | None) -> Path:
-        """Write ``data`` as ``slot``'s new file, then the manifest, then drop the old file."""
+    def _put(self, slot: Slot, digest: str, nbytes: int, *, step: int | None, metrics: Mapping[str, float] | None,
+             data: bytes | None = None, source: Path | None = None) -> Path:
+        """Make ``slot``'s new file from ``data`` (written atomically) or ``source`` (linked),
+        then write the manifest, then drop the slot's old file."""
         name = f"{slot}-{digest[:16]}.pt"
         old = self._manifest["slots"].get(slot, {}).get("file")
-        atomic_write(self.directory / name, data)
-        record = _SlotRecord(name, digest, len(data), time.time(), step,
+        if data is not None:
+            atomic_write(self.directory / name, data)
+        else:
+            _place(source, self.directory / name)
+        record = _SlotRecord(name, digest, nbytes, time.time(), step,
                              {k: float(v) for k, v in (metrics or {}).items()})
         self._manifest["slots"][slot] = asdict(record)
         self._write_manifest()
-        self._name_stably(slot, name)
+        # ``<slot>.pt`` (best.pt, latest.pt, pre_update.pt): the slot's file under a name a user can
+        # pass to ``gyre-ma eval``; the hashed file the manifest names stays the record
+        _place(self.directory / name, self.directory / f"{slot}.pt")
         if old and old != name:
             (self.directory / old).unlink(missing_ok=True)
         return self.directory / name
-
-    def _name_stably(self, slot: Slot, name: str) -> None:
-        """``<slot>.pt`` (``best.pt``, ``latest.pt``, ``pre_update.pt``): the slot's file under a
-        name a user can pass to ``gyre-ma eval``, replaced atomically (a hard link, or a copy
-        where the filesystem has none). The hashed file the manifest names stays the record."""
-        stable, tmp = self.directory / f"{slot}.pt", self.directory / f".{slot}.pt.link.tmp"
-        if stable.exists() and os.path.samefile(stable, self.directory / name):
-            return  # already (rename() of one hard link onto another of the same file does nothing)
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(self.directory / name, tmp)
-        except OSError:
-            shutil.copyfile(self.directory / name, tmp)
-        os.replace(tmp, stable)
 
     def load(self, slot: Slot) -> dict[str, Any]:
         """The state in ``slot``; a missing, corrupt or mismatched file is a ValueError naming it."""

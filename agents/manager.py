@@ -35,7 +35,9 @@ class StateScaler:
 
 class Featurizer:
     """Decision → manager input: the flat observation scaled into [0, 1], achieved-milestone
-    bits, last option (one-hot, with a slot for "none yet") and the time fraction.
+    bits, last option (one-hot, with a slot for "none yet"), with several agents the share
+    of the other agents running each option (``Decision.others``: what a shared manager
+    needs to split work between agents that look alike), and the time fraction.
 
     Narrow dimensions (tile ids, vitals, flags: span ≤ ``log_span``) scale linearly. Wide
     ones are counts (an inventory bounded by 255), where the few units that decide a recipe
@@ -44,8 +46,10 @@ class Featurizer:
 
     log_span = 32.0
 
-    def __init__(self, observation_space: gym.Space, library: OptionLibrary) -> None:
+    def __init__(self, observation_space: gym.Space, library: OptionLibrary, n_agents: int = 1) -> None:
         self.view = NumericView(observation_space)
+        self._others = 1.0 / (n_agents - 1) if n_agents > 1 else 0.0
+        """Weight of one other agent in the others slots; no slots for one agent."""
         self.milestones = library.graph.names
         self.n_options = len(library)
         flat = self.view.flat_space
@@ -57,7 +61,8 @@ class Featurizer:
         self._wide = finite & (span > self.log_span)
         self._scale = np.where(self._wide, 1.0 / np.log1p(span), 1.0 / span).astype(np.float32)
         self.obs_dim = int(flat.shape[0])
-        self.dim = self.obs_dim + len(self.milestones) + self.n_options + 2
+        self._others_at = self.obs_dim + len(self.milestones) + self.n_options + 1
+        self.dim = self._others_at + (self.n_options if self._others else 0) + 1
         self._milestone_slot = {m: self.obs_dim + i for i, m in enumerate(self.milestones)}
 
     def __call__(self, d: Decision | OptionCall) -> np.ndarray:
@@ -77,6 +82,9 @@ class Featurizer:
                 if i is not None:
                     out[row, i] = 1.0
             out[row, last + d.last_option] = 1.0
+            if self._others:
+                for option in d.others:
+                    out[row, self._others_at + option] += self._others
         out[:, -1] = [d.time_fraction for d in items]
         return out
 

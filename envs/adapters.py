@@ -91,6 +91,15 @@ class GyreAdapter(ParallelEnv):
     def verified_milestones(self) -> frozenset[str]:
         return frozenset(self._achieved)
 
+    def holds(self, milestone: str) -> bool:
+        """Whether ``milestone``'s detector holds on the current state (not latched: a
+        dropped key no longer holds ``has_key``); options that restore a lost milestone ask."""
+        if milestone not in self._detectors:
+            raise ValueError(f"{self.metadata['name']}: holds({milestone!r}): not a task-graph node; "
+                             f"nodes: {list(self._detectors)}")
+        return bool(self._run_detector(milestone, self._detectors[milestone], self._env.unwrapped,
+                                       f"step {self._steps}"))
+
     # ------------------------------------------------------------------ ParallelEnv API
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         observations, infos = self._env.reset(seed=seed, options=options)
@@ -200,23 +209,24 @@ class GyreAdapter(ParallelEnv):
     def _detect(self, where: str) -> None:
         raw = self._env.unwrapped
         for name, detector in self._detectors.items():
-            if name in self._achieved:
-                continue
-            try:
-                fired = detector(raw)
-            except Exception as exc:
-                raise ValueError(
-                    f"{self.metadata['name']}: {where}: detector for milestone {name!r} raised "
-                    f"{type(exc).__name__}: {exc}; a detector must return a bool read from the "
-                    f"unwrapped env ({type(raw).__name__})"
-                ) from exc
-            if not isinstance(fired, (bool, np.bool_)):
-                raise ValueError(
-                    f"{self.metadata['name']}: {where}: detector for milestone {name!r} returned "
-                    f"{fired!r} ({type(fired).__name__}); expected a bool"
-                )
-            if fired:
+            if name not in self._achieved and self._run_detector(name, detector, raw, where):
                 self._achieved.add(name)
+
+    def _run_detector(self, name: str, detector: Detector, raw: Any, where: str) -> bool:
+        try:
+            fired = detector(raw)
+        except Exception as exc:
+            raise ValueError(
+                f"{self.metadata['name']}: {where}: detector for milestone {name!r} raised "
+                f"{type(exc).__name__}: {exc}; a detector must return a bool read from the "
+                f"unwrapped env ({type(raw).__name__})"
+            ) from exc
+        if not isinstance(fired, (bool, np.bool_)):
+            raise ValueError(
+                f"{self.metadata['name']}: {where}: detector for milestone {name!r} returned "
+                f"{fired!r} ({type(fired).__name__}); expected a bool"
+            )
+        return bool(fired)
 
 
 class _SingleAgentParallel(ParallelEnv):

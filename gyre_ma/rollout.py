@@ -17,7 +17,7 @@ import numpy as np
 from gyre_ma.envs.base import GyreEnv
 from gyre_ma.options.decision import Decision, Manager
 from gyre_ma.options.library import OptionLibrary
-from gyre_ma.options.option import Option, OptionContext, Termination
+from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, Termination, is_behaviour
 
 
 @dataclass
@@ -53,6 +53,8 @@ class OptionCall:
     termination: Termination | None = None
     state: np.ndarray | None = None
     """Global state at the decision (only with ``record_state``; centralised critic)."""
+    others: tuple[int, ...] = ()
+    """The options the other agents were running when this one was chosen (Decision.others)."""
     breakdown: Any = None
     """The arbitrated RewardBreakdown once the evaluator scored it; ``reward`` is then its total."""
 
@@ -97,12 +99,20 @@ class _Running:
     """An option call in progress. The per-step sums live here and reach ``call`` when it
     ends (:meth:`close`): the step loop touches only these slots."""
 
-    __slots__ = ("call", "ctx", "policy", "termination", "raw")
+    __slots__ = ("call", "ctx", "option", "policy", "behaviour", "raw")
 
     def __init__(self, call: OptionCall, ctx: OptionContext, option: Option) -> None:
-        self.call, self.ctx = call, ctx
-        self.policy, self.termination = option.policy, option.termination
+        self.call, self.ctx, self.option = call, ctx, option
+        if is_behaviour(option.policy):  # an option with state: a fresh instance per call
+            self.behaviour = option.policy()
+            self.behaviour.start(ctx)
+            self.policy = self.behaviour.act
+        else:
+            self.behaviour, self.policy = None, option.policy
         self.raw = 0.0
+
+    def termination(self, verified: frozenset[str]) -> Termination | None:
+        return self.option.termination(self.ctx, verified, self.behaviour)
 
     def close(self, terminated: bool, truncated: bool, reason: Termination,
               milestone_steps: dict[str, int]) -> OptionCall:
@@ -127,68 +137,97 @@ def run_episode(
 ) -> Trajectory:
     """Roll one episode out, option by option, and return its whole trajectory.
 
+    At each step every live agent between options gets one decision, in ``env.agents``
+    order, seeing the options the others run (those just chosen included); then every
+    agent's option emits one primitive action. A sub-policy that returns
+    :data:`~gyre_ma.options.option.CANNOT_PROCEED` ends its call there, without a step,
+    and its agent decides again (that option set aside until the next step). An agent
+    with no eligible option is a dead end of the library: the episode is cut there, as a
+    truncation, and the agent is listed in ``Trajectory.dead_ends``.
+
     ``max_steps`` is the primitive step cap (defaults to the env's own ``max_cycles``);
     reaching it truncates every running option. ``record_state`` stores ``env.state()``
     at every decision (for a centralised critic); ``step_log`` receives each step's
     (actions, rewards), for the trajectory store; ``on_option_end(call, env)`` runs as each
-    option call ends, while the env holds the state it ended in (rule checks). Once every goal is verified the task is
-    done: the episode ends there, as a termination.
+    option call ends, while the env holds the state it ended in (rule checks), and so does
+    the manager's own ``option_end`` hook where it has one (``episode_start(env, seed)``
+    runs after the reset). Once every goal is verified the task is done: the episode ends
+    there, as a termination.
     """
     observations, _ = env.reset(seed=seed)
     env_cap = getattr(env, "max_cycles", None)  # the env's own step limit, where it has one
     cap = max_steps if max_steps is not None else int(env_cap if env_cap is not None else 10_000)
-    graph = library.graph
-    goals = frozenset(graph.goals)
+    goals = frozenset(library.graph.goals)
     agent_index = {a: i for i, a in enumerate(env.possible_agents)}
     rng = np.random.default_rng(seed)
     traj = Trajectory(task_seed=seed, policy_version=policy_version,
                       horizon=min(cap, int(env_cap)) if env_cap is not None else cap)
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
+    hooks = [h for h in (on_option_end, getattr(manager, "option_end", None)) if callable(h)]
+    if callable(getattr(manager, "episode_start", None)):
+        manager.episode_start(env, seed)
+
+    def end(run: _Running, terminated: bool, truncated: bool, reason: Termination) -> None:
+        call = run.close(terminated, truncated, reason, traj.milestone_steps)
+        for hook in hooks:
+            hook(call, env)
+
+    def start(agent: str, step: int, verified: frozenset[str], set_aside: set[int]) -> _Running | None:
+        """The manager's decision for ``agent`` and the call it starts; None at a dead end."""
+        obs = observations[agent]
+        mask = library.mask(verified, OptionContext(agent=agent, env=env, observation=obs, achieved=verified,
+                                                    rng=rng))
+        if set_aside:
+            mask[list(set_aside)] = False
+        if not mask.any():
+            return None
+        others = tuple(r.call.option for b in env.agents if b != agent and (r := running.get(b)) is not None)
+        d = Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others)
+        choices = manager.decide([d])
+        if len(choices) != 1:
+            raise ValueError(f"manager {type(manager).__name__}.decide returned {len(choices)} choices for "
+                             "1 decision; expected one Choice per Decision")
+        choice = choices[0]
+        if not (0 <= choice.option < len(mask)) or not mask[choice.option]:
+            name = library[choice.option].name if 0 <= choice.option < len(mask) else choice.option
+            raise ValueError(f"manager chose option {name!r} for agent {agent!r}, which the mask forbids")
+        call = OptionCall(
+            agent=agent, agent_index=d.agent_index, option=choice.option, observation=obs, mask=mask,
+            achieved=verified, last_option=last[agent], time_fraction=d.time_fraction,
+            log_prob=choice.log_prob, value=choice.value, start_step=step, policy_version=policy_version,
+            task_seed=seed, state=_global_state(env) if record_state else None, others=others,
+        )
+        traj.calls.append(call)
+        last[agent] = choice.option
+        return _Running(call, OptionContext(agent, env, obs, verified, rng=rng), library[choice.option])
+
     verified = env.verified_milestones()
     for m in verified:
         traj.milestone_steps.setdefault(m, 0)
     step = 0
     while env.agents and step < cap and not goals <= verified:
-        needing = [a for a in env.agents if running.get(a) is None]
-        if needing:
-            decisions = []
-            for a in needing:
-                ctx = OptionContext(
-                    agent=a, env=env, observation=observations[a], achieved=verified, rng=rng
-                )
-                mask = library.mask(verified, ctx)
-                if not mask.any():  # a dead end of the library: the episode is cut here (truncation)
-                    traj.dead_ends.append(a)
-                    continue
-                decisions.append(
-                    Decision(a, agent_index[a], observations[a], mask, verified, last[a], step / cap, env)
-                )
-            if traj.dead_ends:
-                break
-            state = _global_state(env) if record_state else None
-            for d, choice in zip(decisions, manager.decide(decisions), strict=True):
-                if not d.mask[choice.option]:
-                    raise ValueError(
-                        f"manager chose option {library[choice.option].name!r} for agent "
-                        f"{d.agent!r}, which the mask forbids"
-                    )
-                call = OptionCall(
-                    agent=d.agent, agent_index=d.agent_index, option=choice.option,
-                    observation=d.observation, mask=d.mask, achieved=d.achieved,
-                    last_option=d.last_option, time_fraction=d.time_fraction,
-                    log_prob=choice.log_prob, value=choice.value, start_step=step,
-                    policy_version=policy_version, task_seed=seed, state=state,
-                )
-                traj.calls.append(call)
-                last[d.agent] = choice.option
-                running[d.agent] = _Running(
-                    call, OptionContext(d.agent, env, d.observation, verified, rng=rng), library[choice.option]
-                )
         actions = {}
         for a in env.agents:
-            run = running[a]
-            actions[a] = run.policy(run.ctx)
+            set_aside: set[int] = set()
+            while a not in actions:
+                run = running.get(a)
+                if run is None:
+                    run = running[a] = start(a, step, verified, set_aside)
+                    if run is None:
+                        traj.dead_ends.append(a)
+                        break
+                action = run.policy(run.ctx)
+                if action is CANNOT_PROCEED:
+                    set_aside.add(run.call.option)
+                    running[a] = None
+                    end(run, False, False, Termination.BLOCKED)
+                else:
+                    actions[a] = action
+            if traj.dead_ends:
+                break
+        if traj.dead_ends:
+            break
         observations, rewards, terms, truncs, _ = env.step(actions)
         if step_log is not None:
             step_log.append((actions, dict(rewards)))
@@ -211,21 +250,17 @@ def run_episode(
             ctx.achieved = verified
             if a in observations:
                 ctx.observation = observations[a]
-            reason = run.termination(ctx, verified)
+            reason = run.termination(verified)
             terminated = finished or bool(terms.get(a, False))
             truncated = bool(truncs.get(a, False)) or (at_cap and not terminated)
             if terminated or truncated:
                 reason = reason or Termination.EPISODE
             if reason is not None:
-                call = run.close(terminated, truncated, reason, traj.milestone_steps)
                 running[a] = None
-                if on_option_end is not None:
-                    on_option_end(call, env)
-    for run in running.values():  # agents still mid-option when the env ended it unflagged
+                end(run, terminated, truncated, reason)
+    for run in running.values():  # agents still mid-option when the env ended it unflagged, or cut
         if run is not None:
-            call = run.close(False, True, Termination.EPISODE, traj.milestone_steps)
-            if on_option_end is not None:
-                on_option_end(call, env)
+            end(run, False, True, Termination.EPISODE)
     for a in env.possible_agents:
         if a in observations:
             traj.final[a] = (observations[a], verified)
@@ -253,6 +288,7 @@ def trajectory_to_state(traj: Trajectory) -> dict[str, Any]:
         d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
         d["achieved"] = sorted(c.achieved)
         d["milestones"] = list(c.milestones)
+        d["others"] = list(c.others)
         d["termination"] = c.termination.value if c.termination is not None else None
         d["breakdown"] = _plain(c.breakdown)
         calls.append(d)
@@ -275,6 +311,7 @@ def trajectory_from_state(state: dict[str, Any]) -> Trajectory:
         d = dict(d)
         d["achieved"] = frozenset(d["achieved"])
         d["milestones"] = tuple(d["milestones"])
+        d["others"] = tuple(d.get("others", ()))
         d["termination"] = Termination(d["termination"]) if d["termination"] is not None else None
         d["breakdown"] = _revive(d["breakdown"])
         calls.append(OptionCall(**d))

@@ -47,6 +47,7 @@ class _FinalState:
     achieved: frozenset[str]
     last_option: int
     time_fraction: float = 1.0
+    others: tuple[int, ...] = ()
 
 
 def segment(trajectories: list[Trajectory], agents: list[str]) -> Segments:

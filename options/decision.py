@@ -1,5 +1,11 @@
 """The manager's interface: a :class:`Decision` (one agent needing a new option) in, a
-:class:`Choice` out. Learned managers, baselines and oracles all speak it."""
+:class:`Choice` out. Learned managers, baselines and oracles all speak it.
+
+The rollout asks for one agent's decision at a time, in ``env.agents`` order, so that each
+decision can see what the other agents are running, including the options chosen for
+them a moment earlier in the same step (``Decision.others``): a shared manager can break
+the symmetry of agents that start alike ("you take the left landmark, I the right").
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,9 @@ class Decision:
     last_option: int
     time_fraction: float
     env: Any
+    others: tuple[int, ...] = ()
+    """Options the other live agents are running now, in ``env.agents`` order (those
+    decided earlier in this step included; agents between options left out)."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,17 @@ class Choice:
 
 
 class Manager(Protocol):
-    """Chooses options for a batch of simultaneous decisions (one per agent)."""
+    """Chooses one option per decision: ``decide`` returns a :class:`Choice` per
+    :class:`Decision`, in order, each option allowed by its decision's mask.
+
+    Two optional hooks, called by :func:`gyre_ma.rollout.run_episode` where a manager
+    defines them (a planner resets its bookkeeping in the first, tracks progress in the
+    second):
+
+    - ``episode_start(env, seed)``: after ``env.reset(seed=seed)``, before any decision;
+    - ``option_end(call, env)``: as each option call ends (an
+      :class:`~gyre_ma.rollout.OptionCall` with its duration, termination and the
+      milestones verified during it), while ``env`` holds the state it ended in.
+    """
 
     def decide(self, decisions: Sequence[Decision]) -> list[Choice]: ...

@@ -36,6 +36,9 @@ class Milestone:
     """Milestones all needed first (AND)."""
     any_of: tuple[tuple[str, ...], ...] = ()
     """Groups of alternatives: at least one milestone of each group is needed first (OR)."""
+    side_effect: bool = False
+    """Reached through other options' effects (one toggle both unlocks and opens a door; a
+    pot starts cooking when full): no option has to achieve it for the goal to be reachable."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class TaskGraph:
         raw = spec.get("milestones")
         if not isinstance(raw, Mapping) or not raw:
             raise ValueError("task graph: 'milestones' must be a non-empty mapping of name -> attributes")
-        accepted = {"description", "reward", "verifier", "duration", "requires", "any_of"}
+        accepted = {"description", "reward", "verifier", "duration", "requires", "any_of", "side_effect"}
         milestones = []
         for name, attrs in raw.items():
             attrs = dict(attrs or {})
@@ -127,6 +130,10 @@ class TaskGraph:
             ):
                 raise ValueError(
                     f"task graph: milestones.{name}.any_of must be a list of lists of names, got {any_of!r}"
+                )
+            if "side_effect" in attrs and not isinstance(attrs["side_effect"], bool):
+                raise ValueError(
+                    f"task graph: milestones.{name}.side_effect must be true or false, got {attrs['side_effect']!r}"
                 )
             for key, kind in (("reward", (int, float)), ("duration", (int, float))):
                 if key in attrs and (isinstance(attrs[key], bool) or not isinstance(attrs[key], kind)):
@@ -154,7 +161,7 @@ class TaskGraph:
         default = Milestone(name="_")
         for m in self.milestones:
             attrs: dict[str, Any] = {}
-            for key in ("description", "reward", "verifier", "duration"):
+            for key in ("description", "reward", "verifier", "duration", "side_effect"):
                 if getattr(m, key) != getattr(default, key):
                     attrs[key] = getattr(m, key)
             if m.requires:

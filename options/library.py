@@ -93,15 +93,18 @@ class OptionLibrary:
         return register
 
     def validate(self) -> OptionLibrary:
-        """Every goal must be achievable with the options this library has."""
+        """Every goal must be achievable with the options this library has (a milestone
+        declared ``side_effect`` needs no option of its own)."""
         covered = {o.milestone for o in self._options if o.milestone is not None}
+        covered |= {m.name for m in self.graph.milestones if m.side_effect}
         reachable = self.graph.achievable(covered)
         for goal in self.graph.goals:
             if goal not in reachable:
                 needed = set(self.graph.required_for(goal)) - covered
                 raise ValueError(
                     f"library {self.name!r}: goal {goal!r} is unreachable: no option achieves "
-                    f"milestone(s) {sorted(needed)}"
+                    f"milestone(s) {sorted(needed)} (declare 'side_effect: true' on a milestone "
+                    "that another option's effect reaches)"
                 )
         return self
 
@@ -127,8 +130,9 @@ class OptionLibrary:
         return [o.name for o in self._options]
 
     def mask(self, achieved: frozenset[str], ctx: OptionContext | None = None) -> np.ndarray:
-        """Options the manager may choose now: graph eligibility, then each option's own
-        initiation predicate when a context is given."""
+        """Options the manager may choose now: graph eligibility, then, when a context is
+        given, each option's own initiation predicate (and, for an option that restores its
+        milestone, that the milestone does not hold now)."""
         achieved = frozenset(achieved)
         base = self._graph_masks.get(achieved)
         if base is None:
@@ -138,7 +142,7 @@ class OptionLibrary:
         mask = base.copy()
         if ctx is not None:
             for i, opt in enumerate(self._options):
-                if mask[i] and opt.initiation is not None:
+                if mask[i] and (opt.initiation is not None or opt.restores):
                     mask[i] = opt.can_start(ctx)
         return mask
 

@@ -44,11 +44,55 @@ class SubPolicy(Protocol):
 Predicate = Callable[[OptionContext], bool]
 
 
+class _CannotProceed:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CANNOT_PROCEED"
+
+
+CANNOT_PROCEED: Any = _CannotProceed()
+"""What a sub-policy returns instead of an action when its option cannot make progress
+from here (the target is gone, every path is blocked). The call ends at once, with
+``Termination.BLOCKED`` and no primitive step taken; the manager chooses again for that
+agent, among the eligible options less this one until the next step."""
+
+
+class Behaviour:
+    """A sub-policy with state, for an option that plans once and follows its plan.
+
+    Pass the class itself, ``Option("go_to_door", GoToDoor, ...)``: every call gets a
+    fresh instance (two agents running the same option never share one), ``start`` runs
+    before its first action, ``act`` gives each primitive action (or
+    :data:`CANNOT_PROCEED`), and ``done`` — where a subclass defines it — ends the call
+    with ``Termination.DONE``, like an option's ``done`` predicate. The class must build
+    without arguments.
+    """
+
+    def start(self, ctx: OptionContext) -> None:
+        """Before the first action of the call."""
+
+    def act(self, ctx: OptionContext) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.act(ctx) must return a primitive action")
+
+    def done(self, ctx: OptionContext) -> bool:
+        return False
+
+
+def is_behaviour(policy: object) -> bool:
+    return isinstance(policy, type) and issubclass(policy, Behaviour)
+
+
+def _defines_done(behaviour: type[Behaviour]) -> bool:
+    return behaviour.done is not Behaviour.done
+
+
 class Termination(enum.Enum):
     """Why an option call ended. Kept apart from the episode's terminated/truncated."""
 
     MILESTONE = "milestone"  # its milestone was verified on environment state
     DONE = "done"  # a repeatable option's unit of work is done
+    BLOCKED = "blocked"  # its sub-policy returned CANNOT_PROCEED (no step taken)
     FAILURE = "failure"  # its failure predicate held
     MAX_STEPS = "max_steps"  # it ran out of its step cap
     EPISODE = "episode"  # the episode ended (agent terminated or truncated) first
@@ -85,7 +129,13 @@ class Option:
     ``milestone`` is the task-graph node the option achieves (None for upkeep options such
     as eating, which are always eligible). A one-shot option ends when its milestone is
     verified and is masked afterwards; a ``repeatable`` one (collect one more unit) ends
-    when ``done`` holds and stays eligible once its milestone is unlocked.
+    when ``done`` holds and stays eligible once its milestone is unlocked. A repeatable
+    option with a milestone and no ``done`` *restores* its milestone: it is eligible while
+    the milestone does not hold on the current state (the key was dropped) and ends when
+    it holds again; that needs an env with ``holds(milestone)`` (every adapter has it).
+
+    ``policy`` is a callable ``OptionContext -> action`` or a :class:`Behaviour` subclass
+    (an option with state).
     """
 
     name: str
@@ -105,18 +155,28 @@ class Option:
             raise ValueError(f"option name must be an identifier-like string, got {self.name!r}")
         if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ValueError(f"option {self.name!r}: max_steps must be an int >= 1, got {self.max_steps!r}")
-        _check_callable(self.name, "policy", self.policy)
+        if is_behaviour(self.policy):
+            _check_builds(self.name, self.policy)
+        else:
+            _check_callable(self.name, "policy", self.policy)
         for what in ("initiation", "done", "failure"):
             _check_callable(self.name, what, getattr(self, what))
-        if self.repeatable and self.done is None:
+        has_done = self.done is not None or (is_behaviour(self.policy) and _defines_done(self.policy))
+        if self.repeatable and not has_done and self.milestone is None:
             raise ValueError(
                 f"option {self.name!r}: a repeatable option needs a 'done' predicate "
-                "(when is one unit of work finished?)"
+                "(when is one unit of work finished?) or a milestone it restores"
             )
-        if self.milestone is None and self.done is None:
+        if self.milestone is None and not has_done:
             raise ValueError(
                 f"option {self.name!r}: an option without a milestone needs a 'done' predicate"
             )
+
+    @property
+    def restores(self) -> bool:
+        """A repeatable option that re-achieves its milestone when it was lost."""
+        return (self.repeatable and self.milestone is not None and self.done is None
+                and not (is_behaviour(self.policy) and _defines_done(self.policy)))
 
     def graph_eligible(self, graph: TaskGraph, achieved: frozenset[str]) -> bool:
         """Eligibility from the task graph alone (no state predicate)."""
@@ -127,16 +187,51 @@ class Option:
         return graph.unlocked(self.milestone, achieved)
 
     def can_start(self, ctx: OptionContext) -> bool:
+        if self.restores and _holds(ctx, self):
+            return False
         return self.initiation is None or bool(self.initiation(ctx))
 
-    def termination(self, ctx: OptionContext, verified: frozenset[str]) -> Termination | None:
-        """Check termination after a primitive step; ``verified`` is the state's milestones."""
+    def termination(self, ctx: OptionContext, verified: frozenset[str],
+                    behaviour: Behaviour | None = None) -> Termination | None:
+        """Check termination after a primitive step; ``verified`` is the state's milestones
+        and ``behaviour`` the call's instance of a :class:`Behaviour` policy."""
         if self.milestone is not None and not self.repeatable and self.milestone in verified:
             return Termination.MILESTONE
+        if self.restores and _holds(ctx, self):
+            return Termination.MILESTONE
         if self.done is not None and self.done(ctx):
+            return Termination.DONE
+        if behaviour is not None and behaviour.done(ctx):
             return Termination.DONE
         if self.failure is not None and self.failure(ctx):
             return Termination.FAILURE
         if ctx.steps >= self.max_steps:
             return Termination.MAX_STEPS
         return None
+
+
+def _holds(ctx: OptionContext, option: Option) -> bool:
+    holds = getattr(ctx.env, "holds", None)
+    if not callable(holds):
+        raise ValueError(
+            f"option {option.name!r} is repeatable with no 'done' predicate, so it restores milestone "
+            f"{option.milestone!r} when lost; that needs env.holds(milestone) -> bool on the current "
+            f"state, which {type(ctx.env).__name__} does not have (every GyreAdapter does): add it, or "
+            "give the option a 'done' predicate"
+        )
+    return bool(holds(option.milestone))
+
+
+def _check_builds(owner: str, behaviour: type[Behaviour]) -> None:
+    try:
+        sig = inspect.signature(behaviour)
+    except (TypeError, ValueError):
+        return
+    required = [p.name for p in sig.parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if required:
+        raise TypeError(f"option {owner!r}: policy {behaviour.__name__} is a Behaviour class, built once per "
+                        f"call without arguments, but its constructor requires {required}")
+    if behaviour.act is Behaviour.act:
+        raise TypeError(f"option {owner!r}: policy {behaviour.__name__} is a Behaviour class without an "
+                        "act(ctx) method")

@@ -75,7 +75,7 @@ class RolloutKit:
     def _build_modules(self, config: Any, agents: list[str]) -> None:
         """Featurizer, policy, critic (and scratch copy) shaped as the learner's."""
         m = config.manager
-        self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library)
+        self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library, len(agents))
         self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents), hidden=m.hidden,
                                     layers=m.layers, agent_embedding=m.agent_embedding)
         self.scratch = copy.deepcopy(self.policy)
@@ -95,7 +95,7 @@ class RolloutKit:
         if self.learns:
             return self.featurizer, self.policy, self.critic
         agents = self.env.possible_agents
-        featurizer = Featurizer(self.env.observation_space(agents[0]), self.library)
+        featurizer = Featurizer(self.env.observation_space(agents[0]), self.library, len(agents))
         policy = ManagerPolicy(featurizer.dim, len(self.library), len(agents))
         return featurizer, policy, Critic(featurizer.dim, len(agents))
 

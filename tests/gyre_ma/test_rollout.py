@@ -34,3 +34,159 @@ def test_a_library_dead_end_cuts_the_episode_instead_of_raising():
     assert traj.length == 3 and len(traj.calls) == 1 and not traj.calls[-1].terminated  # cut, so bootstrapped
     assert episode_metrics([traj], ())["dead_ends"] == 1.0
     assert trajectory_from_state(trajectory_to_state(traj)).dead_ends == [agent]
+
+
+# ---------------------------------------------------------------------- options that fit real tasks
+def _doorkey_library(*options: Option) -> OptionLibrary:
+    from gyre_ma.envs import minigrid_doorkey as dk
+
+    library = OptionLibrary("doorkey", dk.task_graph())
+    for option in options:
+        library.add(option)
+    return library
+
+
+class FirstEligible:
+    def decide(self, decisions):
+        from gyre_ma.options.decision import Choice
+
+        return [Choice(int(d.mask.nonzero()[0][0])) for d in decisions]
+
+
+def test_a_dropped_key_can_be_picked_up_again_by_an_option_that_restores_its_milestone():
+    """Measurement 6: a latched one-shot get_key was masked for good once the key was dropped."""
+    from minigrid.core.actions import Actions
+
+    from gyre_ma.envs import minigrid_doorkey as dk
+
+    env = make_env(max_cycles=120)
+    library = _doorkey_library(
+        Option("get_key", dk.get_key, milestone="has_key", repeatable=True, max_steps=60),
+        Option("drop", lambda ctx: int(Actions.drop), done=lambda ctx: ctx.steps >= 1, max_steps=1),
+        Option("open_door", dk.open_door, milestone="door_open", max_steps=60),
+        Option("go_to_goal", dk.go_to_goal, milestone="reached_goal", max_steps=60),
+    )
+    assert library["get_key"].restores
+
+    class DropOnceThenPlan:
+        dropped = False
+
+        def decide(self, decisions):
+            from gyre_ma.options.decision import Choice
+
+            d = decisions[0]
+            if "has_key" in d.achieved and not self.dropped:
+                self.dropped = True
+                return [Choice(library.index("drop"))]
+            order = ("get_key", "open_door", "go_to_goal")
+            return [Choice(next(library.index(n) for n in order if d.mask[library.index(n)]))]
+
+    traj = run_episode(env, library, DropOnceThenPlan(), seed=3)
+    names = [library[c.option].name for c in traj.calls]
+    assert names[:3] == ["get_key", "drop", "get_key"] and traj.success
+    # while the key is held, get_key is not eligible; once dropped it is again
+    assert not traj.calls[1].mask[library.index("get_key")] and traj.calls[2].mask[library.index("get_key")]
+
+
+def test_an_option_that_cannot_proceed_ends_without_a_step_and_the_agent_decides_again():
+    from gyre_ma.envs import minigrid_doorkey as dk
+    from gyre_ma.options.option import CANNOT_PROCEED, Termination
+
+    env = make_env(max_cycles=100)
+    library = _doorkey_library(
+        Option("blocked", lambda ctx: CANNOT_PROCEED, milestone="has_key", max_steps=60),
+        Option("get_key", dk.get_key, milestone="has_key", max_steps=60),
+        Option("open_door", dk.open_door, milestone="door_open", max_steps=60),
+        Option("go_to_goal", dk.go_to_goal, milestone="reached_goal", max_steps=60),
+    )
+    traj = run_episode(env, library, FirstEligible(), seed=0)
+    first, second = traj.calls[:2]
+    assert library[first.option].name == "blocked" and first.termination is Termination.BLOCKED
+    assert first.duration == 0 and second.start_step == 0 and not second.mask[first.option]
+    assert library[second.option].name == "get_key" and traj.success
+
+
+def test_a_behaviour_class_gets_a_fresh_instance_per_call_started_before_its_first_action():
+    from gyre_ma.envs import minigrid_doorkey as dk
+    from gyre_ma.options.option import Behaviour, Termination
+
+    starts = []
+
+    class CountedTurns(Behaviour):
+        def start(self, ctx):
+            self.turns = 0
+            starts.append(id(self))
+
+        def act(self, ctx):
+            self.turns += 1
+            return 0
+
+        def done(self, ctx):
+            return self.turns >= 2
+
+    env = make_env(max_cycles=6)
+    library = _doorkey_library(Option("turn_twice", CountedTurns, max_steps=10),
+                               Option("get_key", dk.get_key, milestone="has_key", max_steps=60),
+                               Option("open_door", dk.open_door, milestone="door_open", max_steps=60),
+                               Option("go_to_goal", dk.go_to_goal, milestone="reached_goal", max_steps=60))
+    traj = run_episode(env, library, FirstEligible(), seed=0)
+    assert [c.duration for c in traj.calls] == [2, 2, 2]
+    assert all(c.termination is Termination.DONE for c in traj.calls) and len(set(starts)) == 3
+    with pytest.raises(TypeError, match="without an act"):
+        Option("bad", type("NoAct", (Behaviour,), {}), done=lambda ctx: True)
+
+
+def test_decisions_are_made_one_agent_after_another_each_seeing_what_the_others_run():
+    """Measurement 3: a shared manager deciding all agents at once could not break symmetry."""
+    from gyre_ma.envs.techtree_v0 import parallel_env
+    from gyre_ma.envs.techtree.options import make_library
+
+    seen = []
+
+    class Recording(RandomManager):
+        def decide(self, decisions):
+            assert len(decisions) == 1
+            choices = super().decide(decisions)
+            seen.append((decisions[0].agent, decisions[0].others, choices[0].option))
+            return choices
+
+    env = parallel_env(n_agents=3, max_cycles=30)
+    run_episode(env, make_library(), Recording(0), seed=0)
+    (a0, o0, c0), (a1, o1, c1), (a2, o2, _) = seen[:3]
+    assert (a0, a1, a2) == tuple(env.possible_agents) and o0 == () and o1 == (c0,) and o2 == (c0, c1)
+
+
+def test_manager_hooks_run_at_episode_start_and_at_each_option_end():
+    from gyre_ma.envs import minigrid_doorkey as dk
+
+    events = []
+
+    class Hooked(FirstEligible):
+        def episode_start(self, env, seed):
+            events.append(("start", seed))
+
+        def option_end(self, call, env):
+            events.append(("end", call.option, call.duration))
+
+    env = make_env(max_cycles=100)
+    traj = run_episode(env, dk.make_library(), Hooked(), seed=4)
+    assert events[0] == ("start", 4)
+    assert events[1:] == [("end", c.option, c.duration) for c in traj.calls]
+
+
+def test_a_side_effect_milestone_needs_no_option_of_its_own():
+    """Measurement 6: one toggle that unlocks and opens was rejected as 'unreachable'."""
+    from gyre_ma.options.graph import TaskGraph
+
+    spec = {"goals": ["open"], "milestones": {"unlocked": {}, "open": {"requires": ["unlocked"]}}}
+    library = OptionLibrary("door", TaskGraph.from_spec(spec))
+    library.add(Option("toggle", lambda ctx: 0, milestone="unlocked"))
+    with pytest.raises(ValueError, match="declare 'side_effect: true'"):
+        library.validate()
+    spec["milestones"]["open"]["side_effect"] = True
+    library = OptionLibrary("door", TaskGraph.from_spec(spec))
+    library.add(Option("toggle", lambda ctx: 0, milestone="unlocked"))
+    assert library.validate() is library
+    assert TaskGraph.from_spec(library.graph.to_spec()).milestone("open").side_effect
+    with pytest.raises(ValueError, match="milestones.open.side_effect must be true or false"):
+        TaskGraph.from_spec({"goals": ["open"], "milestones": {"open": {"side_effect": "yes"}}})

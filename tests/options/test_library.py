@@ -86,7 +86,8 @@ def test_wrong_signatures_rejected():
     with pytest.raises(TypeError, match="policy must be callable"):
         Option("bad", 3, milestone="key")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="repeatable option needs a 'done'"):
-        Option("bad", step_right, milestone="key", repeatable=True)
+        Option("bad", step_right, repeatable=True)
+    assert Option("regain", step_right, milestone="key", repeatable=True).restores  # re-achieves a lost key
 
 
 def test_unreachable_goal_names_missing_milestones():

@@ -138,8 +138,8 @@ def test_a_behaviour_class_gets_a_fresh_instance_per_call_started_before_its_fir
 
 def test_decisions_are_made_one_agent_after_another_each_seeing_what_the_others_run():
     """Measurement 3: a shared manager deciding all agents at once could not break symmetry."""
-    from gyre_ma.envs.techtree_v0 import parallel_env
     from gyre_ma.envs.techtree.options import make_library
+    from gyre_ma.envs.techtree_v0 import parallel_env
 
     seen = []
 

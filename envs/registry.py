@@ -31,6 +31,11 @@ ENVIRONMENTS: dict[str, EnvSpec] = {
         library="gyre_ma.envs.workflow.options:make_library",
         oracle="gyre_ma.envs.workflow.oracle:OracleManager",
     ),
+    "coverage_v0": EnvSpec(
+        env="gyre_ma.envs.coverage_v0:parallel_env",
+        library="gyre_ma.envs.coverage.options:make_library",
+        oracle="gyre_ma.envs.coverage.oracle:OracleManager",
+    ),
 }
 
 

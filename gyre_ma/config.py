@@ -189,9 +189,9 @@ class CheckpointConfig(_Section):
     """An update with KL above this saves the pre-update state to ``pre_update``."""
     nan_max_consecutive: int = Field(3, ge=1)
     """Non-finite updates in a row before a rollback."""
-    validation_window: int = Field(3, ge=1)
-    """Without evaluator episodes, validation judges the mean success of this many recent
-    iterations (one iteration's sampled episodes are too noisy to roll back on)."""
+    validation_window: int = Field(4, ge=1)
+    """Validation judges the success pooled over this many recent iterations' validation
+    episodes (one iteration's are too few to roll back on)."""
     min_validation_episodes: int = Field(32, ge=1)
     """Validation sets a best or rolls back only on a score measured over at least this many
     episodes (the window's); after a rollback the window starts empty, so no best comes from
@@ -262,10 +262,11 @@ class RolesConfig(_Section):
     """Explorer episodes per task seed per iteration (large noise; feed the elite pool)."""
     executors: int = Field(3, ge=0)
     """Executor episodes per task seed per iteration (small annealed noise; on-policy data)."""
-    evaluators: int = Field(0, ge=0)
-    """Greedy validation episodes per iteration, judged by the checkpoint manager; 0 judges
-    the iteration's own (sampled) episodes instead — a greedy argmax of a still-broad
-    policy can loop on one option, so greedy validation suits converged policies."""
+    evaluators: int = Field(4, ge=0)
+    """Held-out task seeds validated per iteration, each played once sampled and once
+    greedy (noise-free), on seeds no training episode uses; the checkpoint manager judges
+    their verified success pooled over ``checkpoints.validation_window`` iterations.
+    0 judges the iteration's own training episodes instead (not held-out)."""
     explorer_noise: NoiseConfig = Field(
         default_factory=lambda: NoiseConfig(start=0.3, end=0.05, schedule="cosine"))
     """Explorers: large target, annealed."""

@@ -24,7 +24,7 @@ from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
 from gyre_ma.metrics import anchor_metrics, episode_metrics
 from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
-from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_tasks
+from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
 from gyre_ma.stability import Stability
 from gyre_ma.staleness import fresh_with_metrics
@@ -134,20 +134,25 @@ class Gyre:
         return metrics | {"update_skipped": 0.0, "lr_scale": lr_scale}
 
     def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
-        """Judge the current policy by verified success on greedy evaluator episodes (or,
-        with no evaluators, on ``trajectories``): keep it as best, or roll back to the best
-        when it fell too far (LR cut, latest batch purged)."""
+        """Judge the current policy by verified success on held-out episodes, sampled and
+        greedy (or, with no evaluators, on the training ``trajectories``): keep it as best,
+        or roll back to the best when it fell significantly (LR cut, latest batch purged)."""
         if self.checkpoints is None:
             return {}
+        metrics: dict[str, float] = {}
         if trajectories is None:
-            seeds = [task_seed(self.config.seed + 1, iteration, k) for k in range(self.config.roles.evaluators)]
-            trajectories = self.backend.collect(self.weights(), self.version, validation_tasks(seeds))
+            seeds = [validation_seed(self.config.seed, iteration, k) for k in range(self.config.roles.evaluators)]
+            trajectories = self.backend.collect(self.weights(), self.version,
+                                                validation_tasks(seeds, modes=(False, True)))
+            for mode, greedy in (("sampled", False), ("greedy", True)):
+                runs = [t for t in trajectories if t.greedy == greedy]
+                metrics[f"validation/{mode}_success"] = episode_metrics(runs, ())["success_rate"]
         score, episodes = self.stability.score(episode_metrics(trajectories, ())["success_rate"],
-                                               episodes=len(trajectories), sampled=not self.config.roles.evaluators)
+                                               episodes=len(trajectories))
         judged = None if self.checkpoints.has("latest") else self.state_dict()  # latest holds this policy
         decision = self.stability.validate(score, episodes, judged, step=iteration)
-        return {"validation/success_rate": score, "validation/episodes": float(episodes),
-                "checkpoint/rollbacks_stopped": float(self.stability.rollbacks_stopped)} | self._restore(decision)
+        return metrics | {"validation/success_rate": score, "validation/episodes": float(episodes),
+                          "checkpoint/rollbacks_stopped": float(self.stability.rollbacks_stopped)} | self._restore(decision)
 
     def _restore(self, decision: ValidationDecision) -> dict[str, float]:
         """Apply a validation decision: on a rollback, load the restored state with the

@@ -173,13 +173,15 @@ class _Replay:
 
 @dataclass(frozen=True)
 class Evaluator:
-    """Greedy validation; milestone verification by replay on environment state; scoring."""
+    """Held-out validation (sampled and greedy, noise-free); milestone verification by
+    replay on environment state; scoring."""
 
     name: str = "evaluator"
 
     def play(self, kit: RolloutKit, task: RolloutTask, version: int, *, worker: int = -1) -> RoleTrajectory:
-        greedy = RolloutTask(task.role, task.task_seed, task.episode, NO_NOISE, True, task.max_steps)
-        return kit.play(greedy, version, worker=worker)
+        """A noise-free episode: the policy's argmax (``task.greedy``) or a sample from it."""
+        plain = RolloutTask(task.role, task.task_seed, task.episode, NO_NOISE, task.greedy, task.max_steps)
+        return kit.play(plain, version, worker=worker)
 
     @staticmethod
     def score(traj: Trajectory, graph: TaskGraph) -> float:
@@ -235,9 +237,22 @@ def default_roles(*, elite_min_score: float | None = None) -> dict[str, Role]:
 
 
 # ---------------------------------------------------------------------------- task plans
+TRAINING_SEEDS = 1 << 31
+"""Training task seeds lie in [2^31, 2^32)."""
+VALIDATION_SEEDS = 1 << 30
+"""Held-out validation seeds lie in [2^30, 2^31); ``gyre-ma eval`` and the benchmarks use
+seeds below 2^30. The ranges never meet, so no reported success is measured on a task the
+learner trained on."""
+
+
 def task_seed(seed: int, iteration: int, group: int) -> int:
-    """Distinct, reproducible task seeds per (run seed, iteration, group)."""
-    return int(np.random.SeedSequence([seed, iteration, group]).generate_state(1)[0])
+    """Distinct, reproducible training task seeds per (run seed, iteration, group)."""
+    return TRAINING_SEEDS | int(np.random.SeedSequence([seed, iteration, group]).generate_state(1)[0] >> 1)
+
+
+def validation_seed(seed: int, iteration: int, k: int) -> int:
+    """The ``k``-th held-out validation seed of ``iteration`` (never a training seed)."""
+    return VALIDATION_SEEDS | int(np.random.SeedSequence([seed, iteration, k, 1]).generate_state(1)[0] >> 2)
 
 
 def iteration_tasks(*, seeds: Sequence[int], explorers: int, executors: int,
@@ -257,7 +272,10 @@ def iteration_tasks(*, seeds: Sequence[int], explorers: int, executors: int,
     return tasks
 
 
-def validation_tasks(seeds: Sequence[int], *, max_steps: int | None = None) -> list[RolloutTask]:
-    """Greedy, noise-free evaluator episodes, one per seed."""
-    return [RolloutTask("evaluator", int(s), 0, NO_NOISE, True, max_steps) for s in seeds]
+def validation_tasks(seeds: Sequence[int], *, max_steps: int | None = None,
+                     modes: Sequence[bool] = (True,)) -> list[RolloutTask]:
+    """Noise-free evaluator episodes, one per seed and mode (``True`` greedy, ``False``
+    sampled from the policy)."""
+    return [RolloutTask("evaluator", int(s), k, NO_NOISE, greedy, max_steps)
+            for s in seeds for k, greedy in enumerate(modes)]
 

@@ -2,9 +2,9 @@
 what validation judges, when an update is skipped, when the learner rolls back.
 
 The checkpoint manager keeps the slots and decides improved / kept / rollback from a
-score; this module decides which score it sees (greedy evaluator episodes as they are;
-sampled training episodes averaged over a window, since one iteration's are too noisy to
-roll back on) and guards updates against non-finite inputs (:class:`NanGuard`: skip, and
+score; this module decides which score it sees (held-out validation episodes, or
+without them the training episodes, pooled over a window of iterations, since one
+iteration's are too few to roll back on) and guards updates against non-finite inputs (:class:`NanGuard`: skip, and
 roll back after ``nan_max_consecutive`` in a row).
 """
 
@@ -65,13 +65,12 @@ class Stability:
         """``max_rollbacks`` reached: drops are recorded, no longer rolled back."""
         return self.checkpoints is not None and len(self.checkpoints.rollbacks) >= self.config.max_rollbacks
 
-    def score(self, success_rate: float, *, episodes: int, sampled: bool) -> tuple[float, int]:
-        """The score validation judges and the episodes behind it: a greedy evaluation's
-        success as it is; sampled episodes' as the mean over the recent window."""
-        if not sampled:
-            return success_rate, episodes
+    def score(self, success_rate: float, *, episodes: int) -> tuple[float, int]:
+        """The score validation judges and the episodes behind it: the success pooled over
+        the recent window of iterations."""
         self.recent.append((success_rate, episodes))
-        return float(np.mean([r for r, _ in self.recent])), sum(n for _, n in self.recent)
+        total = sum(n for _, n in self.recent)
+        return float(sum(r * n for r, n in self.recent) / max(total, 1)), total
 
     def validate(self, score: float, episodes: int, state: Mapping[str, Any] | None, *,
                  step: int) -> ValidationDecision:

@@ -214,9 +214,12 @@ def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | No
                     at_end: Tensor | None, episode_index: Tensor | None, mask: Tensor | None, w_max: float,
                     prior: float, eps: float, success: Tensor | None, w_length: float,
                     durations: Tensor) -> Tensor:
-    """(1 − w) · local + w · anchored credit: w = 0 where the batch's outcomes are all equal,
-    ``w_length`` where every episode succeeded (``success``), else ``w_max``. With
-    ``success``, each success's time cost is charged to its calls by ``durations``."""
+    """(1 − w) · local + w · anchored credit on the calls that verified a milestone or ran at
+    the end; local + w · time credit on the others (their anchored steps are 0 by
+    construction, and zeroing their local credit made upkeep worthless): w = 0 where the
+    batch's outcomes are all equal, ``w_length`` where every episode succeeded
+    (``success``), else ``w_max``. With ``success``, each success's time cost is charged
+    to its calls by ``durations``."""
     missing = [n for n, x in (("verified_at", verified_at), ("call_milestones", call_milestones),
                               ("at_end", at_end)) if x is None]
     if missing:
@@ -245,5 +248,9 @@ def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | No
         w = w_length
     else:
         w = w_max
-    blended = (1.0 - w) * local + w * credit.to(local.dtype)
+    # a call that anchors nothing (verified no milestone, not running at the end: upkeep,
+    # waiting) keeps its local credit — the value of what follows it, e.g. staying alive —
+    # and pays its share of a success's time cost like every call
+    anchors = call_milestones.any(-1) | at_end
+    blended = torch.where(anchors, 1.0 - w, 1.0) * local + w * credit.to(local.dtype)
     return blended if mask is None else torch.where(mask, blended, 0.0)

@@ -6,7 +6,8 @@ oldest first), comparing the mean of the window's second half with its first hal
 
 - ``reward_without_completion`` — total reward rose (relatively, by ``reward_rise``)
   while verified completion did not rise (by more than ``completion_rise``), and the
-  reward of the episodes that did *not* complete rose too (``failed_key``);
+  reward of the episodes that did *not* complete rose too, to a net payment (``failed_key``;
+  failures that merely lose fewer guard penalties are a learner avoiding violations);
 - ``calls_without_completion`` — option calls (or tool calls) per episode rose while
   completion did not, and calls per verified milestone rose too (``progress_key``);
 - ``rules_without_success`` — rules certified far more episodes than succeeded: the mean
@@ -83,7 +84,8 @@ def reward_without_completion(history: History, *, window: int = 10, reward_key:
                               completion_rise: float = 0.05, floor: float = 1.0,
                               failed_key: str | None = "reward/total_failed") -> Alarm | None:
     """Total reward up by ``reward_rise`` (relative) while completion rose ≤ ``completion_rise``,
-    and the reward of episodes that did not complete (``failed_key``) up by ``reward_rise`` too.
+    and the reward of episodes that did not complete (``failed_key``) up by ``reward_rise`` too,
+    to above 0 (a failure paid; one that loses fewer penalties is not a hack).
 
     The second condition is skipped when ``failed_key`` is None or not measured over the
     whole window (an iteration in which every episode completed has no failed reward)."""
@@ -100,7 +102,7 @@ def reward_without_completion(history: History, *, window: int = 10, reward_key:
     failed = _series(history, failed_key, window) if failed_key else None
     if failed is not None:
         failed_up, f0, f1 = rose(failed, relative=reward_rise, floor=floor)
-        if not failed_up:  # the rise is the completed episodes': completion's, not a hack
+        if not failed_up or f1 <= 0:  # completion's rise, or fewer penalties: not a hack
             return None
         values |= {"failed_reward_before": f0, "failed_reward_after": f1}
         also = f", and on the episodes that did not complete it rose {f0:.3g} -> {f1:.3g}"

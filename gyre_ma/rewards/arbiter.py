@@ -1,6 +1,6 @@
 """Arbitration: one fixed order turns the reward sources of an option call into its reward.
 
-    guard veto  >  verified outcome  >  milestones and rules  >  PRM
+    guard veto  >  verified outcome  >  milestones, rules and the env's reward  >  PRM
 
 1. **Guard veto.** If any guard rule was violated in the episode, every positive part of
    every call's reward is removed (outcome included) and each violating call is charged
@@ -16,7 +16,9 @@
    failure is ever worth as much as a verified success, however many rules it passes.
 3. **Milestones and rules.** Milestones first verified during a call pay their graph
    weight × ``milestone_scale``; process rules pay their weight where they pass (and
-   their milestone progressed).
+   their milestone progressed). The environment's own reward (summed over the call's
+   steps) enters × ``env_reward`` — 0 by default: it is unverified, and an env that
+   already pays its milestones would pay them twice.
 4. **PRM.** Last and least: ``min(prm_weight, prm_weight_cap)`` × the drift monitor's
    scale × (score − batch mean score), so |PRM part| ≤ ``prm_weight_cap``, which must be
    below the smallest milestone reward.
@@ -77,6 +79,10 @@ class RewardConfig(BaseModel):
     outcome reward (None, the default: no cap). The cap rescales the whole episode, so on
     long chains every failure past the cap is worth the same and deeper progress stops
     paying: the manager stalled on the default tech-tree task with it (measured)."""
+    env_reward: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    """Weight (≥ 0) of the environment's own reward, summed over each call's steps, as the
+    ``env`` part of its breakdown (0, the default: left out). For a health or survival
+    signal the milestones do not see; the guard veto and ``failure_cap`` apply to it."""
     prm_weight: float = Field(0.01, ge=0.0, allow_inf_nan=False)
     """Weight of the PRM part (before the cap and the drift monitor's cut)."""
     prm_weight_cap: float = Field(0.015, ge=0.0, allow_inf_nan=False)
@@ -107,6 +113,10 @@ class RewardConfig(BaseModel):
     def effective_prm_weight(self) -> float:
         """The PRM weight after the cap (before drift)."""
         return min(self.prm_weight, self.prm_weight_cap)
+
+
+_SHAPING = ("milestone", "rules", "env", "prm")
+"""The positive parts a failed episode's cap scales."""
 
 
 def outcome_reward(graph: TaskGraph, config: RewardConfig) -> float:
@@ -150,14 +160,17 @@ def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardCon
         outcome = goal if trajectory.success and i in at_end else 0.0
         if outcome:
             sources.insert(0, "outcome")
+        env = config.env_reward * float(calls[i].raw_reward)
+        if env:
+            sources.append("env")
         if prm[i]:
             sources.append("prm")
-        parts.append({"outcome": outcome, "milestone": milestones[i][0], "rules": rules.process[i],
+        parts.append({"outcome": outcome, "milestone": milestones[i][0], "rules": rules.process[i], "env": env,
                       "prm": float(prm[i]), "removed": 0.0, "sources": sources})
 
     if rules.vetoed:  # 1. guard veto
         for i, p in enumerate(parts):
-            for k in ("outcome", "milestone", "rules", "prm"):
+            for k in ("outcome", "milestone", "rules", "env", "prm"):
                 if p[k] > 0:
                     p["removed"] += p[k]
                     p[k] = 0.0
@@ -166,11 +179,11 @@ def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardCon
         limit = config.failure_cap * goal
         for agent in {c.agent for c in calls}:
             rows = [i for i, c in enumerate(calls) if c.agent == agent]
-            positive = sum(max(parts[i][k], 0.0) for i in rows for k in ("milestone", "rules", "prm"))
+            positive = sum(max(parts[i][k], 0.0) for i in rows for k in _SHAPING)
             if positive > limit:
                 factor = limit / positive
                 for i in rows:
-                    for k in ("milestone", "rules", "prm"):
+                    for k in _SHAPING:
                         if parts[i][k] > 0:
                             parts[i]["removed"] += parts[i][k] * (1.0 - factor)
                             parts[i][k] *= factor
@@ -180,6 +193,6 @@ def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardCon
         penalty = -config.guard_penalty * len(rules.penalized[i])
         sources = p["sources"] + [f"guard:{g}" for g in rules.penalized[i]]
         out.append(RewardBreakdown.of(outcome=p["outcome"], milestone=p["milestone"], rules=p["rules"],
-                                      prm=p["prm"], penalty=penalty, guard=rules.vetoed,
+                                      env=p["env"], prm=p["prm"], penalty=penalty, guard=rules.vetoed,
                                       removed=p["removed"], sources=sources))
     return out

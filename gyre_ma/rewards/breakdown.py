@@ -1,8 +1,9 @@
 """RewardBreakdown: where each option call's reward came from.
 
 Every reward the learner sees is the ``total`` of one breakdown, and the breakdown keeps
-its parts after arbitration, so ``total == outcome + milestone + rules + prm + penalty``
-holds exactly and each part names its sources (``sources``).
+its parts after arbitration, so ``total == outcome + milestone + rules + env + prm + penalty``
+holds exactly (``env``, the environment's own reward, is a part too: off unless
+``rewards.env_reward`` weights it) and each part names its sources (``sources``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-COMPONENTS: tuple[str, ...] = ("outcome", "milestone", "rules", "prm", "penalty")
+COMPONENTS: tuple[str, ...] = ("outcome", "milestone", "rules", "env", "prm", "penalty")
 """The additive parts of a breakdown, in arbitration order (highest precedence first)."""
 
 
@@ -25,6 +26,9 @@ class RewardBreakdown:
     """Task-graph reward weights of milestones first verified during this call."""
     rules: float = 0.0
     """Weights of process rules that passed and paid on this call."""
+    env: float = 0.0
+    """The environment's own reward over the call's steps × ``rewards.env_reward`` (its
+    health or score signal; unverified, so it ranks with milestones and rules)."""
     prm: float = 0.0
     """Process-reward-model score, centred and capped."""
     penalty: float = 0.0
@@ -34,10 +38,10 @@ class RewardBreakdown:
     removed: float = 0.0
     """Positive reward taken away by the guard veto or the failed-episode cap (≥ 0)."""
     total: float = 0.0
-    """The option reward the learner uses: the sum of the five parts above."""
+    """The option reward the learner uses: the sum of the six parts above."""
     sources: tuple[str, ...] = ()
     """What paid or cut: ``milestone:<name>``, ``rule:<name>``, ``guard:<name>``,
-    ``outcome``, ``prm``, ``veto``, ``cap``."""
+    ``outcome``, ``env``, ``prm``, ``veto``, ``cap``."""
 
     def __post_init__(self) -> None:
         parts = sum(getattr(self, k) for k in COMPONENTS)
@@ -48,13 +52,14 @@ class RewardBreakdown:
             )
 
     @classmethod
-    def of(cls, *, outcome: float = 0.0, milestone: float = 0.0, rules: float = 0.0, prm: float = 0.0,
-           penalty: float = 0.0, guard: bool = False, removed: float = 0.0,
+    def of(cls, *, outcome: float = 0.0, milestone: float = 0.0, rules: float = 0.0, env: float = 0.0,
+           prm: float = 0.0, penalty: float = 0.0, guard: bool = False, removed: float = 0.0,
            sources: Iterable[str] = ()) -> RewardBreakdown:
         """Build with ``total`` computed from the parts."""
-        total = outcome + milestone + rules + prm + penalty
-        return cls(float(outcome), float(milestone), float(rules), float(prm), float(penalty),
-                   bool(guard), float(removed), float(total), tuple(sources))
+        total = outcome + milestone + rules + env + prm + penalty
+        return cls(outcome=float(outcome), milestone=float(milestone), rules=float(rules), env=float(env),
+                   prm=float(prm), penalty=float(penalty), guard=bool(guard), removed=float(removed),
+                   total=float(total), sources=tuple(sources))
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

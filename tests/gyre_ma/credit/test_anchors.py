@@ -121,6 +121,29 @@ def test_a_wasteful_loop_pays_for_its_own_steps_not_the_call_that_finishes() -> 
     assert close(torch.tensor([key, loop, goal]), [-0.25, -0.5, -0.25])  # by duration: 10, 20, 10 of 40 steps
 
 
+def test_upkeep_that_keeps_an_agent_alive_is_credited_by_what_follows_not_zeroed() -> None:
+    """Measurement 7: two episodes, one dies of thirst. A drink call verifies no milestone;
+    with the anchored credit at full weight it got exactly 0 whenever outcomes differed. It
+    now keeps its local credit: the survivor's drink led to a valuable state (V = 1), the
+    other episode's wander led to death (terminated, nothing after)."""
+    x = dict(rewards=torch.tensor([[0.0, 1.0], [0.0, 0.0]]), values=torch.tensor([[0.5, 1.0], [0.5, 0.0]]),
+             durations=torch.ones(2, 2, dtype=torch.long), terminated=torch.tensor([[False, True], [True, False]]),
+             truncated=torch.zeros(2, 2, dtype=torch.bool), gamma=1.0, lam=1.0,
+             milestones=torch.tensor([[False, True], [False, False]]),
+             mask=torch.tensor([[True, True], [True, False]]))
+    call_milestones = torch.zeros(2, 2, 1, dtype=torch.bool)
+    call_milestones[0, 1, 0] = True                                      # the survivor reaches the goal
+    credit, _ = option_advantages(
+        mode="blend", outcomes=torch.tensor([1.0, 0.0]), verified_at=torch.tensor([[1], [-1]]),
+        call_milestones=call_milestones, at_end=torch.tensor([[False, True], [True, False]]),
+        outcome_credit="anchored", anchor_prior=0.0, groups=torch.tensor([0, 0]), w_max=1.0, w_length=1.0,
+        success=torch.tensor([True, False]), **x)
+    drink = credit[0, 0].item()
+    assert drink == pytest.approx(0.5)                                   # V(after) − V(before): 1 − 0.5, not 0
+    assert credit[0, 1].item() == pytest.approx(1.0)                     # the goal's anchored step, (1 − 0.5) / 0.5
+    assert credit[1, 0].item() < 0                                       # dying is blamed where it happened
+
+
 def _rows() -> dict:
     return dict(
         rewards=torch.tensor([[0.0, 0.1, 0.0], [0.0, 0.1, 0.0]]), values=torch.zeros(2, 3),
@@ -138,8 +161,13 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
                     at_end=torch.tensor([[False, False, True]] * 2), outcome_credit="anchored", anchor_prior=0.0,
                     groups=torch.tensor([0, 1]), w_max=0.5, w_length=0.5)
     local, _ = segmented_gae(**x)
+    anchors = torch.tensor([[False, True, True]] * 2)  # the calls that verified a milestone or ran at the end
+
+    def keep_local(expected):  # the calls anchoring nothing keep their whole local credit
+        return torch.where(anchors, expected, local)
+
     blended, _ = option_advantages(mode="blend", outcomes=torch.tensor([1.0, 0.0]), **anchored, **x)
-    assert close(blended, 0.5 * local + 0.5 * torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]]))
+    assert close(blended, keep_local(0.5 * local + 0.5 * torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])))
     same, _ = option_advantages(mode="blend", outcomes=torch.tensor([1.0, 1.0]), **anchored, **x)
     assert torch.equal(same, local)                                      # nothing to tell apart: local credit
     # the weight follows what separates the episodes: verified success (w_max), length alone
@@ -147,14 +175,14 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
     credit = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
     mixed, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_length": 0.25}),
                                  **x, success=torch.tensor([True, False]))
-    assert close(mixed, 0.5 * local + 0.5 * credit)
+    assert close(mixed, keep_local(0.5 * local + 0.5 * credit))
     faster, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.6]), **(anchored | {"w_length": 0.25}),
                                   **x, success=torch.tensor([True, True]))
     by_duration = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]) / 3  # only time separates them
-    assert close(faster, 0.75 * local + 0.25 * by_duration)
+    assert close(faster, torch.where(anchors, 0.75 * local, local) + 0.25 * by_duration)
     full, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_max": 1.0}),
                                 **x, success=torch.tensor([True, False]))
-    assert close(full, credit)                                           # w = 1: the local term is gone
+    assert close(full, keep_local(credit))                               # w = 1: the local term is gone where anchored
     with pytest.raises(ValueError, match=r"success has shape \(3,\); expected \(2,\), the shape of outcomes"):
         option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x,
                           success=torch.tensor([True, True, False]))

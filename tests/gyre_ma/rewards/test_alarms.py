@@ -76,6 +76,11 @@ def test_reward_rise_that_only_completed_episodes_show_is_not_hacking():
     a = reward_without_completion(h)
     assert a is not None and a.values["failed_reward_after"] > a.values["failed_reward_before"]
     assert "did not complete" in a.message
+    for m, r in zip(h, ramp(-3.0, -1.5)):
+        m["reward/total_failed"] = r  # failures lose fewer guard penalties: learning, not a hack
+    assert reward_without_completion(h) is None
+    for m, r in zip(h, ramp(-3.0, 6.0)):
+        m["reward/total_failed"] = r
     h[4]["reward/total_failed"] = math.nan  # an iteration without failures: the gate is skipped
     assert reward_without_completion(h) is not None
 

@@ -89,6 +89,20 @@ def test_a_failed_episode_is_capped_below_a_verified_success(graph, two_agent_ep
     assert sum(x.removed for x in b) == pytest.approx(sum(x.total for x in uncapped) - 8.0)
 
 
+def test_the_envs_own_reward_enters_as_a_named_weighted_part(graph, two_agent_episode):
+    """Measurement 7: the arbiter dropped the env's own reward (its health signal)."""
+    traj = two_agent_episode(success=False)
+    for c, raw in zip(traj.calls, (0.5, -1.0, 0.0, 2.0), strict=True):
+        c.raw_reward = raw
+    assert [x.env for x in score_trajectory(traj, graph, RewardConfig())] == [0.0] * 4  # off by default
+    b = score_trajectory(traj, graph, RewardConfig(env_reward=0.5))
+    assert [x.env for x in b] == [0.25, -0.5, 0.0, 1.0]
+    assert b[3].total == pytest.approx(b[3].milestone + 1.0) and "env" in b[3].sources
+    vetoed = score_trajectory(traj, graph, RewardConfig(env_reward=0.5),
+                              rules=results(4, penalized=[(), (), (), ("g",)], violations=("g",)))
+    assert [x.env for x in vetoed] == [0.0, -0.5, 0.0, 0.0]                # the veto removes its positive part too
+
+
 def test_misaligned_inputs_are_rejected(graph, two_agent_episode):
     with pytest.raises(ValueError, match="prm has 3 entries; expected 4, one per call"):
         score_trajectory(two_agent_episode(), graph, RewardConfig(), prm=[0.0] * 3)

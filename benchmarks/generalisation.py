@@ -1,0 +1,203 @@
+"""The default learner on tasks gyre-ma did not develop beside: held-out success and path
+length against the oracle and a random eligible order.
+
+Every env goes through the public adapters with an option library written for it as a
+user would, and trains with the DEFAULT config — only the env, its library and the run
+seed are set; nothing is tuned per env. After training, the final policy plays
+``--eval-episodes`` task seeds no training or validation episode used (seeds from
+``--eval-seed``, below 2^30: see ``gyre_ma.roles``), sampled and greedy; the env's scripted
+oracle and a uniformly random eligible order play the same seeds.
+
+    python benchmarks/generalisation.py --seeds 3 --jobs 2 --png benchmarks/results/generalisation.png \
+        > benchmarks/results/generalisation.json
+    python benchmarks/generalisation.py --envs coverage --seeds 1 --iterations 5   # a smoke run
+
+Targets (issue #17): held-out success ≥ 90 % where the oracle has ≥ 95 %; learned ÷ oracle
+mean length ≤ 1.2 sampled and ≤ 1.1 greedy; better than random everywhere. Lengths are
+mean primitive steps over all held-out episodes (a failure counts its full length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+ENVS: dict[str, dict[str, Any]] = {
+    "obstructed_maze": {"env": {"id": "gyre_ma.envs.minigrid_tasks:make_obstructed_maze"},
+                        "library": "gyre_ma.envs.minigrid_tasks:obstructed_maze_library",
+                        "oracle": "gyre_ma.envs.minigrid_tasks:ObstructedMazeOracle"},
+    "locked_room": {"env": {"id": "gyre_ma.envs.minigrid_tasks:make_locked_room"},
+                    "library": "gyre_ma.envs.minigrid_tasks:locked_room_library",
+                    "oracle": "gyre_ma.envs.minigrid_tasks:LockedRoomOracle"},
+    "overcooked_cramped_room": {"env": {"id": "gyre_ma.envs.overcooked_kitchen:make_env",
+                                        "kwargs": {"layout": "cramped_room"}},
+                                "library": "gyre_ma.envs.overcooked_kitchen:make_library",
+                                "oracle": "gyre_ma.envs.overcooked_kitchen:OracleManager"},
+    "overcooked_asymmetric_advantages": {"env": {"id": "gyre_ma.envs.overcooked_kitchen:make_env",
+                                                 "kwargs": {"layout": "asymmetric_advantages"}},
+                                         "library": "gyre_ma.envs.overcooked_kitchen:make_library",
+                                         "oracle": "gyre_ma.envs.overcooked_kitchen:OracleManager"},
+    "coverage": {"env": {"id": "coverage_v0"}, "library": None,
+                 "oracle": "gyre_ma.envs.coverage.oracle:OracleManager",
+                 "fixed": "gyre_ma.envs.coverage.oracle:FixedAssignment"},
+}
+
+
+def config(name: str, seed: int, iterations: int | None) -> Any:
+    """The default config: the env, its library and the run seed, nothing else."""
+    from gyre_ma.config import parse_config
+
+    spec = ENVS[name]
+    raw: dict[str, Any] = {"name": f"{name}-{seed}", "seed": seed, "env": spec["env"],
+                           "run_root": tempfile.mkdtemp(prefix="gyre-generalisation-")}
+    if spec["library"]:
+        raw["library"] = spec["library"]
+    if iterations is not None:
+        raw["train"] = {"iterations": iterations}
+    return parse_config(raw)
+
+
+def _summary(trajectories: list[Any]) -> dict[str, Any]:
+    from gyre_ma.metrics import wilson_interval
+
+    wins = sum(t.success for t in trajectories)
+    low, high = wilson_interval(wins, len(trajectories))
+    lengths = [t.length for t in trajectories]
+    return {"success": wins / len(trajectories), "success_ci95": [low, high], "mean_length": float(np.mean(lengths)),
+            "dead_ends": float(np.mean([bool(t.dead_ends) for t in trajectories]))}
+
+
+def reference(name: str, seeds: list[int]) -> dict[str, Any]:
+    """Oracle, random eligible order (and, where the env has one, a fixed assignment) on ``seeds``."""
+    from gyre_ma.agents.baselines import RandomManager
+    from gyre_ma.envs.registry import make_env, make_library, make_oracle
+    from gyre_ma.options.library import resolve
+    from gyre_ma.rollout import run_episode
+
+    cfg = config(name, 0, 1)
+    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
+    managers = {"oracle": lambda s: make_oracle(cfg.env.id, env, library, ENVS[name]["oracle"]),
+                "random": lambda s: RandomManager(s)}
+    if "fixed" in ENVS[name]:
+        managers["fixed"] = lambda s: resolve(ENVS[name]["fixed"], "fixed")(library=library)
+    return {key: _summary([run_episode(env, library, build(s), seed=s) for s in seeds])
+            for key, build in managers.items()}
+
+
+def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int]) -> dict[str, Any]:
+    """Train the default learner; evaluate its final policy on ``eval_seeds``, sampled and greedy."""
+    import torch
+
+    from gyre_ma.loop import Gyre
+    from gyre_ma.roles import RolloutTask
+
+    torch.set_num_threads(1)
+    cfg = config(name, seed, iterations)
+    gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
+    start = time.perf_counter()
+    curve = []
+    try:
+        for i in range(cfg.train.iterations):
+            m = gyre.iteration(i)
+            curve.append({k: m.get(k) for k in ("env_steps", "success_rate", "validation/sampled_success",
+                                                 "validation/greedy_success", "episode_length")})
+        seconds = time.perf_counter() - start
+        out = {"env_steps": gyre.env_steps, "train_seconds": seconds, "iterations": cfg.train.iterations,
+               "rollbacks": len(gyre.checkpoints.rollbacks) if gyre.checkpoints else 0, "curve": curve}
+        for mode, greedy in (("sampled", False), ("greedy", True)):
+            tasks = [RolloutTask("executor", s, greedy=greedy) for s in eval_seeds]
+            out[mode] = _summary(gyre.backend.collect(gyre.weights(), gyre.version, tasks))
+    finally:
+        gyre.close()
+    return out
+
+
+def verdict(env: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets, per env, from the seeds' mean figures."""
+    oracle, random = env["reference"]["oracle"], env["reference"]["random"]
+    runs = env["runs"]
+    out: dict[str, Any] = {}
+    for mode in ("sampled", "greedy"):
+        success = [r[mode]["success"] for r in runs]
+        ratio = [r[mode]["mean_length"] / oracle["mean_length"] for r in runs]
+        out[f"{mode}_success"] = success
+        out[f"{mode}_length_ratio"] = ratio
+        target = 1.2 if mode == "sampled" else 1.1
+        out[f"{mode}_meets_length_target"] = bool(max(ratio) <= target)
+        out[f"{mode}_meets_success_target"] = bool(oracle["success"] < 0.95 or min(success) >= 0.9)
+        out[f"{mode}_beats_random"] = bool(all(
+            s > random["success"] or (s == random["success"] and r * oracle["mean_length"] < random["mean_length"])
+            for s, r in zip(success, ratio, strict=True)))
+    out["random_length_ratio"] = random["mean_length"] / oracle["mean_length"]
+    return out
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["envs"])
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        env = result["envs"][name]
+        for k, run in enumerate(env["runs"]):
+            steps = [p["env_steps"] for p in run["curve"]]
+            ax.plot(steps, [p["validation/sampled_success"] for p in run["curve"]], color=f"C{k}",
+                    label=f"seed {k} sampled")
+            ax.plot(steps, [p["validation/greedy_success"] for p in run["curve"]], color=f"C{k}", ls="--",
+                    label=f"seed {k} greedy")
+        ax.axhline(env["reference"]["oracle"]["success"], color="black", lw=0.8, label="oracle")
+        ax.axhline(env["reference"]["random"]["success"], color="grey", lw=0.8, ls=":", label="random")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("env steps")
+        ax.set_ylim(-0.05, 1.05)
+    axes[0][0].set_ylabel("held-out validation success")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated, from {list(ENVS)}")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=None, help="default: the config's train.iterations")
+    p.add_argument("--eval-episodes", type=int, default=100)
+    p.add_argument("--eval-seed", type=int, default=2_000_000)
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--png", default=None)
+    args = p.parse_args()
+    names = [n for n in args.envs.split(",") if n]
+    unknown = [n for n in names if n not in ENVS]
+    if unknown:
+        raise SystemExit(f"--envs: unknown {unknown}; known: {list(ENVS)}")
+    eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        refs = {n: pool.submit(reference, n, eval_seeds) for n in names}
+        runs = {n: [pool.submit(train, n, s, args.iterations, eval_seeds) for s in range(args.seeds)] for n in names}
+        envs = {n: {"reference": refs[n].result(), "runs": [f.result() for f in runs[n]]} for n in names}
+    for env in envs.values():
+        env["verdict"] = verdict(env)
+    result = {"benchmark": "generalisation", "config": "defaults (env, library, seed only)",
+              "seeds": args.seeds, "eval_episodes": args.eval_episodes, "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
+              "iterations": args.iterations, "wall_seconds": time.perf_counter() - start, "envs": envs}
+    if args.png:
+        plot(result, args.png)
+        result["png"] = args.png
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

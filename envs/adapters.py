@@ -91,6 +91,11 @@ class GyreAdapter(ParallelEnv):
     def verified_milestones(self) -> frozenset[str]:
         return frozenset(self._achieved)
 
+    @property
+    def detectors(self) -> Mapping[str, Detector]:
+        """Each task-graph node's detector (``check_env`` re-verifies with them, closures too)."""
+        return dict(self._detectors)
+
     def holds(self, milestone: str) -> bool:
         """Whether ``milestone``'s detector holds on the current state (not latched: a
         dropped key no longer holds ``has_key``); options that restore a lost milestone ask."""

@@ -77,6 +77,9 @@ class EnvCheckReport:
     milestones: frozenset[str]
     """Milestones verified at least once: a check that never saw one proved little about it."""
     pettingzoo_tests: tuple[str, ...]
+    unverifiable: tuple[str, ...] = ()
+    """Milestones with neither a graph ``verifier`` nor an adapter detector: what the env
+    reports for them was taken on trust, not re-verified on its state."""
 
 
 def check_env(
@@ -131,7 +134,8 @@ def check_env(
     if owned:
         instance.close()
     name = str(getattr(instance, "metadata", {}).get("name", type(instance).__name__))
-    return EnvCheckReport(name, tuple(seeds), steps, frozenset(seen), tuple(ran))
+    unverifiable = tuple(m for m in graph.names if m not in verifiers)
+    return EnvCheckReport(name, tuple(seeds), steps, frozenset(seen), tuple(ran), unverifiable)
 
 
 # ---------------------------------------------------------------------- interface
@@ -187,8 +191,11 @@ def _check_interface(env: Any) -> tuple[TaskGraph, dict[str, Callable[[Any], Any
             "return a gyre_ma.options.TaskGraph (TaskGraph.from_spec builds one from a dict)",
         )
     verifiers = {}
+    detectors = getattr(env, "detectors", None) or {}
     for m in graph.milestones:
-        if m.verifier is None:
+        if m.verifier is None:  # a closure or lambda detector: re-verify with the adapter's own callable
+            if m.name in detectors:
+                verifiers[m.name] = detectors[m.name]
             continue
         try:
             fn = resolve(m.verifier, f"task_graph milestone {m.name!r} verifier")

@@ -17,7 +17,6 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
 from gyre_ma.checkpoints import CheckpointManager, GuardDecision, NanGuard, ValidationDecision
 

@@ -28,6 +28,21 @@ def test_check_env_accepts_an_instance_and_random_actions() -> None:
     )
     report = check_env(env, seeds=(3,), n_steps=40)
     assert report.seeds == (3,) and "pushed_right" in report.milestones
+    assert report.unverifiable == ()  # the lambda has no reference; the adapter's own callable re-verifies it
+
+
+def test_a_closure_detector_is_re_verified_on_state_not_taken_on_trust() -> None:
+    """Measurement 9: a detector written as a closure got no verifier, and check_env silently
+    skipped it. A closure that reads something other than the env state is now caught."""
+    calls = itertools.count()
+
+    def flaky(env) -> bool:  # true on every other call: not a function of the state
+        return next(calls) % 2 == 1
+
+    env = from_gymnasium("CartPole-v1", milestones={"pushed_right": flaky},
+                         graph={"goals": ["pushed_right"], "milestones": {"pushed_right": {}}})
+    with pytest.raises(EnvCheckError, match="verifier"):
+        check_env(env, seeds=(3,), n_steps=10)
 
 
 def test_check_env_passes_on_adapted_pettingzoo_aec_env() -> None:

@@ -228,3 +228,32 @@ def test_rollbacks_stop_after_max_rollbacks_and_no_best_comes_from_a_small_sampl
     assert stability.rollbacks_stopped
     kept = stability.validate(0.1, 64, None, step=4)
     assert kept.action == "kept" and len(stability.checkpoints.rollbacks) == 2 and kept.lr_scale == 0.25
+
+
+def test_validation_is_held_out_by_default_sampled_and_greedy(tmp_path):
+    """Measurement 4: with the old default (no evaluators) "validation" was the mean of the
+    training episodes. Now every iteration plays held-out seeds, once sampled and once greedy,
+    from a seed range training never draws from."""
+    from gyre_ma.roles import TRAINING_SEEDS, VALIDATION_SEEDS
+
+    cfg = load_config(DOORKEY)
+    assert cfg.roles.evaluators > 0
+    gyre = Gyre(cfg, tmp_path / "run")
+    played = []
+    collect = gyre.backend.collect
+
+    def recording(weights, version, tasks):
+        played.extend(tasks)
+        return collect(weights, version, tasks)
+
+    gyre.backend.collect = recording
+    metrics = [gyre.iteration(i) for i in range(2)]
+    held_out = [t for t in played if t.role == "evaluator"]
+    training = [t for t in played if t.role != "evaluator"]
+    assert len(held_out) == 2 * 2 * cfg.roles.evaluators and {t.greedy for t in held_out} == {False, True}
+    assert all(VALIDATION_SEEDS <= t.task_seed < TRAINING_SEEDS for t in held_out)
+    assert all(t.task_seed >= TRAINING_SEEDS for t in training)
+    assert {t.task_seed for t in held_out}.isdisjoint(t.task_seed for t in training)
+    for m in metrics:
+        assert {"validation/sampled_success", "validation/greedy_success", "validation/success_rate"} <= set(m)
+    assert metrics[1]["validation/episodes"] == 2 * 2 * cfg.roles.evaluators  # pooled over the window

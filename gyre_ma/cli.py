@@ -134,7 +134,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     metrics: dict[str, float] = {}
     said_stop = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
-               TextColumn("{task.fields[steps]} env steps · success {task.fields[success]}"),
+               TextColumn("{task.fields[steps]} env steps · {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     try:
         with Progress(*columns, console=console, disable=args.quiet) as progress:
@@ -144,8 +144,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 metrics, trajectories = gyre.iteration(i, return_trajectories=True)
                 monitor.log(metrics, step=int(metrics["env_steps"]))  # iteration is a column
                 monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
-                progress.update(task, advance=1, steps=int(metrics["env_steps"]),
-                                success=f"{metrics['success_rate']:.0%}")
+                progress.update(task, advance=1, steps=int(metrics["env_steps"]), success=_success_line(metrics))
                 said_stop = _say_rollbacks(progress.console, gyre, metrics, i, said_stop)
     finally:
         gyre.close()
@@ -154,14 +153,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     table = Table(title=f"run {config.name!r} — summary")
     table.add_column("metric")
     table.add_column("final iteration", justify="right")
-    for key in ("success_rate", "episode_length", "episode_reward", "option_calls", "agents_lost", "env_steps",
+    for key in ("validation/sampled_success", "validation/greedy_success", "validation/success_rate",
+                "success_rate", "episode_length", "episode_reward", "option_calls", "agents_lost", "env_steps",
                 "policy_version", "entropy", "kl", "checkpoint/rollbacks", "checkpoint/lr_scale"):
         if key in metrics:
             table.add_row(key, f"{metrics[key]:.4g}")
     console.print(table)
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
+    ck = gyre.checkpoints
+    if ck is not None and ck.best_score is not None:  # final.pt is the last policy; best.pt may be better
+        console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} held-out episodes "
+                      f"(evaluate it with gyre-ma eval {run_dir / 'checkpoints' / 'best.pt'})", markup=False)
     (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2))
     return 0
+
+
+def _success_line(metrics: dict[str, float]) -> str:
+    """Held-out success (sampled / greedy) where validation ran, then the training episodes'."""
+    train = f"train {metrics['success_rate']:.0%}"
+    if "validation/sampled_success" not in metrics:
+        return f"success: {train}"
+    return (f"held-out success {metrics['validation/sampled_success']:.0%} sampled / "
+            f"{metrics['validation/greedy_success']:.0%} greedy · {train}")
 
 
 def _say_rollbacks(out: Console, gyre: Any, metrics: dict[str, float], iteration: int, said_stop: bool) -> bool:

@@ -16,6 +16,11 @@ class GyreEnv(Protocol):
 
     ``verified_milestones()`` reads environment state only — never an agent's output —
     and is monotone within an episode (a milestone once verified stays verified).
+
+    Optional: ``milestone_agent(milestone) -> str | None``, the agent whose action made a
+    verified milestone hold, where the env can tell (who claimed the landmark). With it a
+    milestone is credited to that agent's option call only; without it, to every agent's
+    call running when it was verified (the team convention).
     """
 
     possible_agents: list[str]

@@ -87,6 +87,9 @@ class Trajectory:
     """Tool calls made in the episode, where the env counts them (``env.tool_calls()``)."""
     rule_results: Any = None
     """What the rule engine found at option and episode ends (gyre_ma.rewards.rules.RuleResults)."""
+    milestone_agents: dict[str, str] = field(default_factory=dict)
+    """The agent each milestone is attributed to, where the env tells (``milestone_agent``);
+    a milestone attributed to one agent is not another agent's call's achievement."""
     dead_ends: list[str] = field(default_factory=list)
     """Agents for which no option was eligible (a dead end of the library, e.g. a one-shot
     option whose milestone was lost): the episode was cut there, as a truncation."""
@@ -115,11 +118,12 @@ class _Running:
         return self.option.termination(self.ctx, verified, self.behaviour)
 
     def close(self, terminated: bool, truncated: bool, reason: Termination,
-              milestone_steps: dict[str, int]) -> OptionCall:
+              milestone_steps: dict[str, int], milestone_agents: dict[str, str]) -> OptionCall:
         call = self.call
         call.duration, call.raw_reward = self.ctx.steps, self.raw
         call.terminated, call.truncated, call.termination = terminated, truncated, reason
-        call.milestones = tuple(m for m, s in milestone_steps.items() if s > call.start_step)
+        call.milestones = tuple(m for m, s in milestone_steps.items()
+                                if s > call.start_step and milestone_agents.get(m, call.agent) == call.agent)
         return call
 
 
@@ -165,11 +169,13 @@ def run_episode(
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
     hooks = [h for h in (on_option_end, getattr(manager, "option_end", None)) if callable(h)]
+    attribute = getattr(env, "milestone_agent", None)
+    attribute = attribute if callable(attribute) else None
     if callable(getattr(manager, "episode_start", None)):
         manager.episode_start(env, seed)
 
     def end(run: _Running, terminated: bool, truncated: bool, reason: Termination) -> None:
-        call = run.close(terminated, truncated, reason, traj.milestone_steps)
+        call = run.close(terminated, truncated, reason, traj.milestone_steps, traj.milestone_agents)
         for hook in hooks:
             hook(call, env)
 
@@ -234,8 +240,10 @@ def run_episode(
         step += 1
         verified = env.verified_milestones()
         if len(verified) != len(traj.milestone_steps):  # monotone: only new ones to stamp
-            for m in verified:
-                traj.milestone_steps.setdefault(m, step)
+            for m in sorted(verified.difference(traj.milestone_steps)):
+                traj.milestone_steps[m] = step
+                if attribute is not None and (agent := attribute(m)) is not None:
+                    traj.milestone_agents[m] = agent
         finished = goals <= verified
         at_cap = step >= cap
         for a in actions:

@@ -14,9 +14,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
-
 
 from gyre_ma.checkpoints import CheckpointManager, GuardDecision, NanGuard, ValidationDecision
 
@@ -27,16 +25,23 @@ if TYPE_CHECKING:
 def significant_drop(*, best: float, best_episodes: int | None, score: float, episodes: int,
                      confidence: float) -> bool:
     """Whether success rate ``score`` over ``episodes`` is below ``best`` over
-    ``best_episodes`` beyond chance: a one-sided two-proportion z-test at ``confidence``.
-    A best of unknown sample size is taken as measured on as many episodes as ``score``."""
+    ``best_episodes`` beyond chance: the upper Wilson bound of ``score`` lies below the
+    lower bound of ``best``, each one-sided at ``confidence``. Stricter than a plain
+    two-proportion test on purpose: ``best`` is the highest of many noisy validations, so
+    it sits above the policy's true rate, and a test that takes it at face value finds a
+    window at the true rate "significantly" below it. A best of unknown sample size is
+    taken as measured on as many episodes as ``score``."""
+    from gyre_ma.metrics import wilson_interval
+
     n1, n2 = (best_episodes or episodes), episodes
     if n1 < 1 or n2 < 1:
         raise ValueError(f"episodes must be >= 1, got best_episodes={best_episodes}, episodes={episodes}")
-    pooled = (best * n1 + score * n2) / (n1 + n2)
-    se = math.sqrt(pooled * (1.0 - pooled) * (1.0 / n1 + 1.0 / n2))
-    if se == 0.0:
-        return best > score
-    return (best - score) / se > NormalDist().inv_cdf(confidence)
+    two_sided = 2 * confidence - 1  # each bound one-sided at ``confidence``
+    if two_sided <= 0:  # confidence 0.5: the bounds are the rates themselves
+        return score < best
+    best_low, _ = wilson_interval(round(best * n1), n1, confidence=two_sided)
+    _, score_high = wilson_interval(round(score * n2), n2, confidence=two_sided)
+    return score_high < best_low
 
 
 class Stability:
@@ -46,7 +51,9 @@ class Stability:
         self.config, self.checkpoints = config, checkpoints
         self.nan_guard = NanGuard(config.nan_max_consecutive)
         self.recent: deque[tuple[float, int]] = deque(maxlen=config.validation_window)
-        """(success rate, episodes) of the last iterations' sampled episodes, judged together."""
+        """(success rate, episodes) of the last iterations' validation episodes, judged together."""
+        self.drops = 0
+        """Validations in a row significantly below the best."""
 
     @classmethod
     def from_config(cls, config: CheckpointConfig, run_dir: Path | None) -> Stability:
@@ -76,18 +83,28 @@ class Stability:
         """Keep the judged state as best, or roll back (see :meth:`CheckpointManager.validate`;
         ``state`` None: the judged state is the one in ``latest``). A score over fewer than
         ``min_validation_episodes`` is not judged; a drop rolls back only when it is
-        significant (:func:`significant_drop`) and ``max_rollbacks`` is not reached."""
+        significant (:func:`significant_drop`) on ``validation_window + 1`` validations in a
+        row — so on two windows that share no episode — and ``max_rollbacks`` is not reached.
+
+        Why persistence: the best is the highest of many noisy windows, so it sits above the
+        policy's true rate, and one window's significant drop below it happens by chance
+        again and again (an unchanged policy at 60 % with 8 episodes an iteration rolled back
+        3 times in 50 iterations). A collapse persists; chance does not."""
         ck = self.checkpoints
         if episodes < self.config.min_validation_episodes:
             return ValidationDecision("kept", float(score), ck.best_score, ck.lr_scale)
         best = ck.best_score
+        finite = math.isfinite(score)
+        drop = best is not None and finite and significant_drop(
+            best=best, best_episodes=ck.best_episodes, score=score, episodes=episodes,
+            confidence=self.config.rollback_confidence)
+        self.drops = self.drops + 1 if drop else 0
         allow = not self.rollbacks_stopped and (
-            best is None or not math.isfinite(score) or significant_drop(
-                best=best, best_episodes=ck.best_episodes, score=score, episodes=episodes,
-                confidence=self.config.rollback_confidence))
+            best is None or not finite or self.drops > self.config.validation_window)
         decision = ck.validate(score, state, step=step, episodes=episodes, allow_rollback=allow)
         if decision.rolled_back:
             self.recent.clear()  # a new policy: its own scores from here on
+            self.drops = 0
         return decision
 
     def guard(self, *, step: int, **values: Any) -> tuple[GuardDecision, ValidationDecision | None]:
@@ -98,14 +115,17 @@ class Stability:
             return guard, None
         decision = self.checkpoints.rollback(reason=guard.reason, step=step)
         self.recent.clear()
+        self.drops = 0
         return guard, decision
 
     def state_dict(self) -> dict[str, Any]:
-        return {"nan_guard": self.nan_guard.state_dict(), "recent_scores": [list(r) for r in self.recent]}
+        return {"nan_guard": self.nan_guard.state_dict(), "recent_scores": [list(r) for r in self.recent],
+                "validation_drops": self.drops}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("nan_guard") is not None:
             self.nan_guard.load_state_dict(state["nan_guard"])
+        self.drops = int(state.get("validation_drops", 0))
         self.recent.clear()  # older checkpoints kept bare rates: an unknown count is one episode each
         self.recent.extend((float(r[0]), int(r[1])) if isinstance(r, (list, tuple)) else (float(r), 1)
                            for r in state.get("recent_scores", []))

@@ -292,6 +292,12 @@ class CoverageEnv(ParallelEnv):
         """``covered_k`` for every claimed landmark: state-based, and claims are permanent."""
         return self._verified
 
+    def milestone_agent(self, milestone: str) -> str | None:
+        """The agent that claimed the landmark of ``milestone`` (None while unclaimed)."""
+        k = int(milestone.rsplit("_", 1)[1])
+        who = int(self.covered_by[k])
+        return self.possible_agents[who] if who >= 0 else None
+
     # ------------------------------------------------------------------ state access
     @property
     def frozen(self) -> np.ndarray:

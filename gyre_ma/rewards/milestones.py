@@ -6,7 +6,8 @@ predicate held, recorded by the rollout from ``env.verified_milestones()``) and 
 calls' step intervals — never what an option or an agent claims. A call that started at
 step ``s`` and ran ``d`` steps covers the steps ``s+1 … s+d``; every agent's call that
 covers the first verification is credited (the team reward convention of the envs, which
-pay every agent). Milestones already holding at reset (step 0) pay nothing: nobody
+pay every agent), unless the env attributed the milestone to one agent
+(``Trajectory.milestone_agents``): then only that agent's call is. Milestones already holding at reset (step 0) pay nothing: nobody
 achieved them.
 """
 
@@ -24,7 +25,8 @@ def covers(call: OptionCall, step: int) -> bool:
 def first_verified(trajectory: Trajectory) -> list[tuple[str, ...]]:
     """Per call (aligned with ``trajectory.calls``), the milestones first verified during it."""
     firsts = sorted(trajectory.milestone_steps.items(), key=lambda kv: (kv[1], kv[0]))
-    return [tuple(m for m, s in firsts if covers(c, s)) for c in trajectory.calls]
+    by = getattr(trajectory, "milestone_agents", None) or {}
+    return [tuple(m for m, s in firsts if covers(c, s) and by.get(m, c.agent) == c.agent) for c in trajectory.calls]
 
 
 def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float = 1.0,

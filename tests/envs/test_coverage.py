@@ -276,3 +276,27 @@ def test_episodes_are_deterministic() -> None:
         assert [(c.agent, c.option, c.start_step, c.duration) for c in a.calls] == \
             [(c.agent, c.option, c.start_step, c.duration) for c in b.calls]
         assert (a.length, a.success, a.milestone_steps) == (b.length, b.success, b.milestone_steps)
+
+
+def test_a_claim_is_the_claiming_agents_achievement_not_the_teams() -> None:
+    """With ``milestone_agent`` the rollout credits a milestone to the agent that made it hold:
+    the calls of agents that were walking to the same landmark get neither its reward nor
+    its anchored credit (before, every call running at the claim was credited with it)."""
+    from gyre_ma.options.decision import Choice
+    from gyre_ma.rewards.milestones import first_verified
+
+    env = coverage_v0.parallel_env()
+    lib = make_library(env=env)
+
+    class AllToLandmarkZero:
+        def decide(self, decisions):
+            return [Choice(lib.index("go_to_0") if d.mask[lib.index("go_to_0")] else int(d.mask.nonzero()[0][-1]))
+                    for d in decisions]
+
+    traj = run_episode(env, lib, AllToLandmarkZero(), seed=5)
+    claimer = traj.milestone_agents["covered_0"]
+    first = [c for c in traj.calls if c.start_step == 0]
+    assert len(first) == 3 and all(lib[c.option].name == "go_to_0" for c in first)
+    assert [("covered_0" in c.milestones) for c in first] == [c.agent == claimer for c in first]
+    paid = first_verified(traj)
+    assert [("covered_0" in paid[i]) for i in range(3)] == [c.agent == claimer for c in first]

@@ -111,17 +111,18 @@ def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):
         return metrics
 
     gyre.update = spiked
-    history = [gyre.iteration(i) for i in range(3)]
+    history = [gyre.iteration(i) for i in range(4)]
     assert history[0]["validation/success_rate"] >= 0.75
     best = gyre.checkpoints.load("best")
     assert history[2]["validation/success_rate"] < history[0]["validation/success_rate"] - 0.3
-    assert history[2]["checkpoint/rolled_back"] == 1.0
-    assert history[2]["checkpoint/lr_scale"] == 0.5
+    assert history[2]["checkpoint/rolled_back"] == 0.0  # one window's drop could be chance
+    assert history[3]["checkpoint/rolled_back"] == 1.0  # a second, disjoint window confirms it
+    assert history[3]["checkpoint/lr_scale"] == 0.5
     for key, value in best["policy"].items():
         assert torch.equal(gyre.policy.state_dict()[key], value)
     lrs = [g["lr"] for g in gyre.learner.manager_module.optimizers().optimizer.param_groups]
     assert all(math.isclose(lr, cfg.train.lr * 0.5) for lr in lrs)
-    assert gyre.checkpoints.rollbacks and gyre.checkpoints.rollbacks[-1].step == 2
+    assert gyre.checkpoints.rollbacks and gyre.checkpoints.rollbacks[-1].step == 3
 
 
 def test_nan_rewards_skip_updates_then_roll_back(tmp_path):
@@ -188,7 +189,8 @@ def test_a_drop_is_significant_only_beyond_chance_for_its_sample_sizes():
     assert significant_drop(best=0.75, best_episodes=48, score=0.4, episodes=48, confidence=0.95)
     assert not significant_drop(best=0.75, best_episodes=8, score=0.4, episodes=8, confidence=0.95)
     assert not significant_drop(best=0.6, best_episodes=48, score=0.6, episodes=48, confidence=0.95)
-    assert significant_drop(best=1.0, best_episodes=48, score=0.9, episodes=48, confidence=0.95)
+    assert not significant_drop(best=1.0, best_episodes=48, score=0.9, episodes=48, confidence=0.95)  # a best is a max
+    assert significant_drop(best=1.0, best_episodes=48, score=0.8, episodes=48, confidence=0.95)
     assert not significant_drop(best=1.0, best_episodes=48, score=1.0, episodes=48, confidence=0.95)
 
 
@@ -206,14 +208,18 @@ def _noisy_run(tmp_path, overrides, iterations=50, episodes=8, p=0.6, seed=0):
     return stability
 
 
-def test_noisy_validation_of_an_unchanged_policy_never_rolls_back(tmp_path):
-    """The 3-agent report: 8 episodes an iteration, a 3-iteration window. The old rule (any drop
-    beyond the threshold, on any sample) rolled back again and again; the default rolls back never."""
+def test_noisy_validation_of_an_unchanged_policy_rarely_rolls_back(tmp_path):
+    """The 3-agent report: 8 episodes an iteration. The old rule (any drop beyond the threshold,
+    on any sample) rolled back again and again; so did one significant window below a best that
+    was itself the luckiest window (1.6 rollbacks per 50-iteration run at 30-60 % success). The
+    default — a drop below the best's lower bound on two windows that share no episode — rolls
+    back an unchanged policy in none of thirty."""
     old = _noisy_run(tmp_path / "old", {"checkpoints.min_validation_episodes": 1, "checkpoints.rollback_confidence": 0.5,
                                         "checkpoints.rollback_threshold": 0.1, "checkpoints.max_rollbacks": 1000})
     assert len(old.checkpoints.rollbacks) >= 5
-    default = _noisy_run(tmp_path / "default", {"checkpoints.rollback_threshold": 0.1})
-    assert default.checkpoints.rollbacks == [] and default.checkpoints.lr_scale == 1.0
+    for p in (0.3, 0.6, 0.9):
+        runs = [_noisy_run(tmp_path / f"default-{p}-{seed}", {}, p=p, seed=seed) for seed in range(10)]
+        assert sum(len(r.checkpoints.rollbacks) for r in runs) == 0, p
 
 
 def test_rollbacks_stop_after_max_rollbacks_and_no_best_comes_from_a_small_sample(tmp_path):
@@ -223,10 +229,16 @@ def test_rollbacks_stop_after_max_rollbacks_and_no_best_comes_from_a_small_sampl
     assert stability.validate(1.0, 16, None, step=0).action == "kept" and stability.checkpoints.best_score is None
     assert stability.validate(0.9, 64, None, step=1).action == "improved"
     assert stability.checkpoints.best_episodes == 64
-    for step in (2, 3):
+    window = stability.config.validation_window
+    step = 2
+    for _ in range(2):  # a drop rolls back once it held over window + 1 validations in a row
+        for _ in range(window):
+            assert not stability.validate(0.2, 64, None, step=step).rolled_back
+            step += 1
         assert stability.validate(0.2, 64, None, step=step).rolled_back
+        step += 1
     assert stability.rollbacks_stopped
-    kept = stability.validate(0.1, 64, None, step=4)
+    kept = stability.validate(0.1, 64, None, step=step)
     assert kept.action == "kept" and len(stability.checkpoints.rollbacks) == 2 and kept.lr_scale == 0.25
 
 

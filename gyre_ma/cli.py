@@ -54,13 +54,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     for col in ("option", "milestone", "kind", "max_steps"):
         table.add_column(col)
     for opt in library:
-        kind = "repeatable" if opt.repeatable else "upkeep" if opt.milestone is None else "one-shot"
+        kind = ("restores" if opt.restores else "repeatable" if opt.repeatable
+                else "upkeep" if opt.milestone is None else "one-shot")
         table.add_row(opt.name, opt.milestone or "—", kind, str(opt.max_steps))
     console.print(table)
     console.print(
         f"task graph: {len(graph)} milestones, goals {list(graph.goals)}; "
         f"critical path {length:g} steps: {' → '.join(path)}"
     )
+    side = [m.name for m in graph.milestones if m.side_effect]
+    if side:
+        console.print(f"side-effect milestones (no option of their own): {', '.join(side)}", markup=False)
     if config is not None:
         console.print(f"config {args.source!r}: valid (experiment {config.name!r}, env {config.env.id})")
     console.print("[green]ok[/green]")

@@ -199,7 +199,7 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     assert outcomes.max() > outcomes.min()                      # seed 0's first batch has both (else w = 0)
     all_won = all(t.success for t in trajectories)  # only the length term separates them: w shrinks
     w = cfg.credit.outcome_weight_succeeded if all_won else cfg.credit.blend_weight
-    # a quiet call's anchored credit is only its duration's share of its episode's time credit
+    # a quiet call keeps its local credit and pays its duration's share of its episode's time credit
     from gyre_ma.credit import anchored_outcome_credit
 
     success = torch.tensor([t.success for t in trajectories])
@@ -208,7 +208,7 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     share = torch.tensor([c.duration / sum(x.duration for x in row) * time[seg.episode[r]].item()
                           for r, row in enumerate(seg.calls) for c in row])
     assert quiet.any() and (~quiet).any() and share.abs().max() > 0
-    assert torch.allclose(anchored[quiet], (1 - w) * local[quiet] + w * share[quiet], atol=1e-5)
+    assert torch.allclose(anchored[quiet], local[quiet] + w * share[quiet], atol=1e-5)
     assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet] + w * share[~quiet], atol=1e-5)
     # the logged anchor values: per milestone, the shrunk mean outcome of the episodes that
     # verified it, less the batch's mean outcome (0 for a milestone no episode verified)

@@ -79,10 +79,12 @@ def test_weights_are_loaded_from_the_state_dict(doorkey):
 
 def test_evaluator_runs_greedy_noise_free_validation(doorkey):
     worker, weights = doorkey
-    noisy = RolloutTask("evaluator", 4, 0, NoiseSetting("param", 5.0))
+    noisy = RolloutTask("evaluator", 4, 0, NoiseSetting("param", 5.0), greedy=True)
     val = worker.run(noisy, weights, 2)
-    plain = worker.run(RolloutTask("evaluator", 4), weights, 2)
+    plain = worker.run(RolloutTask("evaluator", 4, greedy=True), weights, 2)
     assert fingerprint(val) == fingerprint(plain) and val.greedy
+    sampled = worker.run(RolloutTask("evaluator", 4, 0, NoiseSetting("param", 5.0)), weights, 2)
+    assert not sampled.greedy and sampled.noise == plain.noise  # sampled validation: noise-free too
     kit = worker.kit
     # every choice was the unperturbed policy's argmax among the options the agent had not
     # tried since its milestones last changed (the greedy manager's rule against stalling)

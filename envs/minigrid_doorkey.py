@@ -84,19 +84,11 @@ def _passable(grid: Any, x: int, y: int) -> bool:
     return obj is None or (obj.can_overlap() and obj.type != "lava")
 
 
-def _plan(env: Any, target: tuple[int, int], *, face: bool) -> int | None:
-    """First action of a shortest left/right/forward path that ends facing ``target``
-    (``face``) or standing on it. None when unreachable or already there."""
+def first_step(env: Any, arrived: Any) -> int | None:
+    """First action of a shortest left/right/forward path from the agent's pose to a pose
+    ``(x, y, dir)`` where ``arrived`` holds; None when none is reachable. The current pose
+    is not checked (the caller has)."""
     start = (int(env.agent_pos[0]), int(env.agent_pos[1]), int(env.agent_dir))
-
-    def arrived(x: int, y: int, d: int) -> bool:
-        if not face:
-            return (x, y) == target
-        dx, dy = DIR_TO_VEC[d]
-        return (x + dx, y + dy) == target
-
-    if arrived(*start):
-        return None
     first: dict[tuple[int, int, int], int | None] = {start: None}
     queue = deque([start])
     while queue:
@@ -104,7 +96,7 @@ def _plan(env: Any, target: tuple[int, int], *, face: bool) -> int | None:
         dx, dy = DIR_TO_VEC[d]
         moves = [(Actions.left, (x, y, (d - 1) % 4)), (Actions.right, (x, y, (d + 1) % 4))]
         if _passable(env.grid, x + dx, y + dy):
-            moves.append((Actions.forward, (x + dx, y + dy, d)))
+            moves.append((Actions.forward, (int(x + dx), int(y + dy), d)))
         for action, nxt in moves:
             if nxt in first:
                 continue
@@ -113,6 +105,21 @@ def _plan(env: Any, target: tuple[int, int], *, face: bool) -> int | None:
                 return first[nxt]
             queue.append(nxt)
     return None
+
+
+def _plan(env: Any, target: tuple[int, int], *, face: bool) -> int | None:
+    """First action of a shortest path that ends facing ``target`` (``face``) or standing
+    on it. None when unreachable or already there."""
+
+    def arrived(x: int, y: int, d: int) -> bool:
+        if not face:
+            return (x, y) == target
+        dx, dy = DIR_TO_VEC[d]
+        return (x + dx, y + dy) == target
+
+    if arrived(int(env.agent_pos[0]), int(env.agent_pos[1]), int(env.agent_dir)):
+        return None
+    return first_step(env, arrived)
 
 
 def _approach_and(env: Any, kind: type, act: Actions) -> int:

@@ -9,8 +9,9 @@ user would write for them and a scripted oracle manager for each.
   room, take the key, unlock the locked room and reach its goal.
 
 Milestones are read from MiniGrid's own state; options plan with breadth-first search
-over ``env.unwrapped.grid`` (as in :mod:`gyre_ma.envs.minigrid_doorkey`), and each library
-has an always-eligible one-step ``turn`` so that no state is a dead end.
+over ``env.unwrapped.grid`` with :mod:`gyre_ma.envs.minigrid_doorkey`'s search (and share its
+``has_key``, ``reached_goal`` and ``turn``), and each library has an always-eligible
+one-step ``turn`` so that no state is a dead end.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ except ImportError as exc:  # an optional dependency: say which extra brings it
                       "install it with: pip install 'gyre-ma[minigrid]'") from exc
 
 from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium
+from gyre_ma.envs.minigrid_doorkey import first_step, has_key, one_step, reached_goal, turn
 from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
@@ -50,36 +52,9 @@ def _find(grid: Any, match: Callable[[Any], bool]) -> Cell | None:
     return found[0] if found else None
 
 
-def _passable(grid: Any, x: int, y: int) -> bool:
-    obj = grid.get(x, y)
-    return obj is None or (obj.can_overlap() and obj.type != "lava")
-
-
 def _ahead(x: int, y: int, d: int) -> Cell:
     dx, dy = DIR_TO_VEC[d]
     return int(x + dx), int(y + dy)
-
-
-def _first_step(env: Any, arrived: Callable[[int, int, int], bool]) -> int | None:
-    """First action of a shortest left/right/forward path to a pose where ``arrived``
-    holds; None when no such pose is reachable (the caller has checked the current one)."""
-    start = (int(env.agent_pos[0]), int(env.agent_pos[1]), int(env.agent_dir))
-    first: dict[tuple[int, int, int], int | None] = {start: None}
-    queue = deque([start])
-    while queue:
-        x, y, d = queue.popleft()
-        moves = [(Actions.left, (x, y, (d - 1) % 4)), (Actions.right, (x, y, (d + 1) % 4))]
-        fx, fy = _ahead(x, y, d)
-        if _passable(env.grid, fx, fy):
-            moves.append((Actions.forward, (fx, fy, d)))
-        for action, nxt in moves:
-            if nxt in first:
-                continue
-            first[nxt] = first[(x, y, d)] if first[(x, y, d)] is not None else int(action)
-            if arrived(*nxt):
-                return first[nxt]
-            queue.append(nxt)
-    return None
 
 
 def _front(env: Any) -> Cell:
@@ -93,14 +68,14 @@ def _face_and(env: Any, target: Cell | None, act: Actions) -> int:
         return int(Actions.left)
     if _front(env) == target:
         return int(act)
-    step = _first_step(env, lambda x, y, d: _ahead(x, y, d) == target)
+    step = first_step(env, lambda x, y, d: _ahead(x, y, d) == target)
     return int(Actions.left) if step is None else step
 
 
 def _walk_onto(env: Any, target: Cell | None) -> int:
     if target is None:
         return int(Actions.left)
-    step = _first_step(env, lambda x, y, d: (x, y) == target)
+    step = first_step(env, lambda x, y, d: (x, y) == target)
     return int(Actions.left) if step is None else step
 
 
@@ -147,17 +122,8 @@ def _drop_safely(env: Any) -> int:
     safe = _safe_drops(env)
     if _front(env) in safe:
         return int(Actions.drop)
-    step = _first_step(env, lambda x, y, d: _ahead(x, y, d) in safe)
+    step = first_step(env, lambda x, y, d: _ahead(x, y, d) in safe)
     return int(Actions.left) if step is None else step
-
-
-def turn(ctx: OptionContext) -> int:
-    """Turn left once: the always-eligible fallback, so that no state is a dead end."""
-    return int(Actions.left)
-
-
-def one_step(ctx: OptionContext) -> bool:
-    return ctx.steps >= 1
 
 
 def _turn_option() -> Option:
@@ -210,11 +176,6 @@ def _maze_door(env: Any) -> tuple[Door, Cell]:
 def key_revealed(env: Any) -> bool:
     """The key is out of its box (on the floor or carried)."""
     return isinstance(env.carrying, Key) or any(isinstance(o, Key) for o in env.grid.grid)
-
-
-def has_key(env: Any) -> bool:
-    """The agent carries a key."""
-    return isinstance(env.carrying, Key)
 
 
 def door_unblocked(env: Any) -> bool:
@@ -373,11 +334,6 @@ def key_room_open(env: Any) -> bool:
 def locked_door_open(env: Any) -> bool:
     """The locked room's door is unlocked and open."""
     return bool(_locked_room_doors(env)[1][0].is_open)
-
-
-def reached_goal(env: Any) -> bool:
-    """The agent stands on the goal square."""
-    return isinstance(env.grid.get(*env.agent_pos), Goal)
 
 
 def locked_room_graph() -> TaskGraph:

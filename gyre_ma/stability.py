@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gyre_ma.checkpoints import CheckpointManager, GuardDecision, NanGuard, ValidationDecision
+from gyre_ma.metrics import wilson_interval
 
 if TYPE_CHECKING:
     from gyre_ma.config import CheckpointConfig
@@ -31,8 +32,6 @@ def significant_drop(*, best: float, best_episodes: int | None, score: float, ep
     it sits above the policy's true rate, and a test that takes it at face value finds a
     window at the true rate "significantly" below it. A best of unknown sample size is
     taken as measured on as many episodes as ``score``."""
-    from gyre_ma.metrics import wilson_interval
-
     n1, n2 = (best_episodes or episodes), episodes
     if n1 < 1 or n2 < 1:
         raise ValueError(f"episodes must be >= 1, got best_episodes={best_episodes}, episodes={episodes}")

@@ -108,8 +108,7 @@ class Gyre:
         """B and C: the trajectories segmented at verified milestones and scored into one
         tensor batch of option-level advantages and critic targets."""
         return build_batch(trajectories, segment(trajectories, self.env.possible_agents), config=self.config,
-                           featurizer=self.featurizer, critic=self.critic if self.learner.critic_initialised else None,
-                           state_scaler=self.state_scaler, names=self.library.graph.names)
+                           featurizer=self.featurizer, state_scaler=self.state_scaler, names=self.library.graph.names)
 
     # ---------------------------------------------------------------- D: update
     def update(self, batch: B.Batch, trajectories: list[Trajectory]) -> dict[str, float]:

@@ -3,13 +3,20 @@
 :func:`segment` lays trajectories out as rows (one per episode × agent) of option calls;
 :func:`build_batch` turns them into option-level advantages (milestone-anchored, blended
 with the verified outcome) and critic targets, one tensor per key of :mod:`gyre_ma.batch`.
-Everything here is a function of (trajectories, config, featurizer, critic).
+Everything here is a function of (trajectories, config, featurizer).
+
+Every trajectory is a whole episode whose outcome is verified at its end, and the step
+cap is part of the task (the featurizer carries the time fraction), so a row's last call
+has nothing after it, whether the env terminated it, truncated it at its cap, or gyre-ma
+cut it (its horizon, a dead end): no bootstrap (Pardo et al. 2018, "Time Limits in
+Reinforcement Learning"). Bootstrapping a timeout with the critic's value made a failure
+at the cap look like a success to the local credit and the critic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,7 +27,7 @@ from gyre_ma.rewards.milestones import calls_at_end
 from gyre_ma.rollout import OptionCall, Trajectory
 
 if TYPE_CHECKING:
-    from gyre_ma.agents.manager import Critic, Featurizer, StateScaler
+    from gyre_ma.agents.manager import Featurizer, StateScaler
     from gyre_ma.config import CreditConfig, ExperimentConfig
 
 
@@ -31,39 +38,22 @@ class Segments:
     calls: list[list[OptionCall]]
     episode: torch.Tensor
     """long [R]: the episode (index into the trajectories) of each row."""
-    bootstrap: list[tuple[Any, frozenset[str], int, Any] | None]
-    """Per row, where the episode was cut rather than ended: (obs, achieved, agent, state)."""
 
     @property
     def width(self) -> int:
         return max((len(r) for r in self.calls), default=0)
 
 
-@dataclass(frozen=True)
-class _FinalState:
-    """A state after the last option call, shaped like a Decision for the featurizer."""
-
-    observation: Any
-    achieved: frozenset[str]
-    last_option: int
-    time_fraction: float = 1.0
-    others: tuple[int, ...] = ()
-
-
 def segment(trajectories: list[Trajectory], agents: list[str]) -> Segments:
     """One row per (episode, agent) that made a call, in trajectory then agent order."""
-    calls, episode, bootstrap = [], [], []
+    calls, episode = [], []
     for e, traj in enumerate(trajectories):
-        for i, agent in enumerate(agents):
+        for agent in agents:
             row = traj.agent_calls(agent)
-            if not row:
-                continue
-            calls.append(row)
-            episode.append(e)
-            final = traj.final.get(agent)
-            cut = final is not None and not row[-1].terminated
-            bootstrap.append((*final, i, traj.final_state) if cut else None)
-    return Segments(calls, torch.tensor(episode, dtype=torch.long), bootstrap)
+            if row:
+                calls.append(row)
+                episode.append(e)
+    return Segments(calls, torch.tensor(episode, dtype=torch.long))
 
 
 def outcomes(trajectories: list[Trajectory], credit: CreditConfig) -> torch.Tensor:
@@ -106,67 +96,40 @@ def anchor_inputs(trajectories: list[Trajectory], seg: Segments, names: tuple[st
             "at_end": torch.from_numpy(at_end)}
 
 
-@torch.no_grad()
-def bootstrap_values(seg: Segments, *, featurizer: Featurizer, critic: Critic | None,
-                     state_scaler: StateScaler | None = None) -> torch.Tensor:
-    """Critic value [R] of each row's last state where the episode was cut, not ended; 0
-    elsewhere, and everywhere while there is no trained critic (``critic`` None)."""
-    out = torch.zeros(len(seg.calls))
-    if critic is None:
-        return out
-    feats, agents, rows = [], [], []
-    for r, final in enumerate(seg.bootstrap):
-        if final is not None:
-            obs, achieved, agent, state = final
-            feats.append(state_scaler(state) if state_scaler else
-                         featurizer(_FinalState(obs, achieved, seg.calls[r][-1].option)))
-            agents.append(agent)
-            rows.append(r)
-    if rows:  # the critic may sit on the learner's device, in its precision
-        weight = next(critic.parameters())
-        x = torch.from_numpy(np.stack(feats)).to(weight.device, weight.dtype)
-        out[rows] = critic(x, torch.tensor(agents, device=weight.device)).to(out)
-    return out
-
-
 def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: ExperimentConfig, featurizer: Featurizer,
-                critic: Critic | None, state_scaler: StateScaler | None, names: tuple[str, ...]) -> B.Batch:
+                state_scaler: StateScaler | None, names: tuple[str, ...]) -> B.Batch:
     """C: option-level advantages and critic targets for the segmented ``trajectories``, one
-    tensor per key, a row per option call. ``critic`` None: no bootstrap values yet."""
+    tensor per key, a row per option call; each row's last call ends it (module docstring)."""
     R, T = len(seg.calls), seg.width
     f32 = dict(dtype=torch.float32)
     rewards, values = torch.zeros(R, T, **f32), torch.zeros(R, T, **f32)
     durations = torch.ones(R, T, dtype=torch.long)
-    terminated, truncated, milestones, mask = (torch.zeros(R, T, dtype=torch.bool) for _ in range(4))
+    terminated, milestones, mask = (torch.zeros(R, T, dtype=torch.bool) for _ in range(3))
     for r, row in enumerate(seg.calls):
         n = len(row)
         rewards[r, :n] = torch.tensor([c.reward for c in row])
         values[r, :n] = torch.tensor([c.value for c in row])
         durations[r, :n] = torch.tensor([max(c.duration, 1) for c in row])
-        terminated[r, :n] = torch.tensor([c.terminated for c in row])
-        truncated[r, :n] = torch.tensor([c.truncated for c in row])
+        terminated[r, n - 1] = True  # terminated, truncated at the cap, or cut: the episode is over
         milestones[r, :n] = torch.tensor([bool(c.milestones) for c in row])
         mask[r, :n] = True
     credit = config.credit
     anchors = anchor_inputs(trajectories, seg, names) if credit.anchored else {}
-    advantages, returns = option_advantages(
+    advantages, _ = option_advantages(
         mode="grpo" if config.train.objective == "grpo" else credit.mode,
         rewards=rewards, values=values, durations=durations,
-        terminated=terminated, truncated=truncated, gamma=credit.gamma, lam=credit.lam,
+        terminated=terminated, truncated=torch.zeros_like(terminated), gamma=credit.gamma, lam=credit.lam,
         milestones=milestones, mask=mask, episode_index=seg.episode,
-        bootstrap_value=bootstrap_values(seg, featurizer=featurizer, critic=critic, state_scaler=state_scaler),
         outcomes=outcomes(trajectories, credit),
         groups=torch.tensor([t.task_seed for t in trajectories], dtype=torch.long),
         success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
         w_max=credit.blend_weight, w_length=credit.outcome_weight_succeeded, std_ref=0.5,
         outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior, **anchors,
     )
-    # critic targets: Monte-Carlo SMDP returns on rows the env ended, λ-returns elsewhere
-    monte_carlo = smdp_returns(rewards=rewards, durations=durations, terminated=terminated,
-                               truncated=torch.zeros_like(truncated), gamma=credit.gamma,
-                               bootstrap_value=torch.zeros(R), mask=mask)
-    ended = terminated[torch.arange(R), mask.sum(1) - 1]
-    returns = torch.where(ended.unsqueeze(-1), monte_carlo, returns)
+    # critic targets: Monte-Carlo SMDP returns (every row ends its episode)
+    returns = smdp_returns(rewards=rewards, durations=durations, terminated=terminated,
+                           truncated=torch.zeros_like(terminated), gamma=credit.gamma,
+                           bootstrap_value=torch.zeros(R), mask=mask)
     flat = [c for row in seg.calls for c in row]
     extra = {}
     if state_scaler is not None:

@@ -20,6 +20,7 @@ import io
 import json
 import math
 import os
+import pickle
 import random
 import re
 import shutil
@@ -57,17 +58,28 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"checkpoint {str(path)!r} is a directory; pass a checkpoint file in it, e.g. "
+                         f"{str(path / 'checkpoints' / 'best.pt')!r}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a damaged file
-        raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(exc).__name__}: {exc})") from None
+    except pickle.UnpicklingError:  # what weights_only refused: loading it would have run its code
+        raise ValueError(f"checkpoint {str(path)!r} was refused: it holds objects other than tensors and plain "
+                         "data, and loading those would run code; gyre-ma loads data only") from None
+    except Exception as exc:  # torch raises many types for a damaged file or a file of another kind
+        raise ValueError(f"checkpoint {str(path)!r} cannot be read: it is damaged or not a checkpoint "
+                         f"({type(exc).__name__})") from None
     if not isinstance(state, dict) or "policy" not in state or "config" not in state:
         raise ValueError(f"checkpoint {str(path)!r} is not a gyre-ma checkpoint (no policy/config)")
-    return from_storable(state)
+    try:
+        return from_storable(state)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"checkpoint {str(path)!r} is damaged: {str(exc)[:200]}") from None
 
 
 # --------------------------------------------------------------------------- storable state
 _NDARRAY, _GENERATOR = "__gyre_ndarray__", "__gyre_numpy_generator__"
+_BIT_GENERATORS = frozenset({"PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"})
 
 
 def to_storable(obj: Any, where: str = "state") -> Any:
@@ -115,10 +127,16 @@ def from_storable(obj: Any) -> Any:
     if isinstance(obj, dict):
         if _NDARRAY in obj:
             raw = obj[_NDARRAY].numpy().tobytes()
-            return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(tuple(obj["shape"])).copy()
+            dtype = np.dtype(obj["dtype"])
+            if dtype.hasobject:
+                raise ValueError("a stored numpy array of objects")
+            return np.frombuffer(raw, dtype=dtype).reshape(tuple(obj["shape"])).copy()
         if _GENERATOR in obj:
             state = from_storable(obj[_GENERATOR])
-            bit_generator = getattr(np.random, state["bit_generator"])()
+            name = state.get("bit_generator") if isinstance(state, dict) else None
+            if name not in _BIT_GENERATORS:
+                raise ValueError(f"stored random generator {str(name)[:100]!r} is not one of {sorted(_BIT_GENERATORS)}")
+            bit_generator = getattr(np.random, name)()
             bit_generator.state = state
             return np.random.Generator(bit_generator)
         return {k: from_storable(v) for k, v in obj.items()}

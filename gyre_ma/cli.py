@@ -101,8 +101,6 @@ def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import json
-
     import numpy as np
     from rich.progress import (
         BarColumn,
@@ -114,6 +112,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from gyre_ma.checkpoints import save_checkpoint
     from gyre_ma.config import dump_config, load_config
+    from gyre_ma.files import write_json
     from gyre_ma.loop import Gyre
     from gyre_ma.monitor import Monitor
 
@@ -168,7 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if ck is not None and ck.best_score is not None:  # final.pt is the last policy; best.pt may be better
         console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} held-out episodes "
                       f"(evaluate it with gyre-ma eval {run_dir / 'checkpoints' / 'best.pt'})", markup=False)
-    (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2))
+    write_json(run_dir / "summary.json", metrics)
     return 0
 
 
@@ -197,20 +196,31 @@ def _say_rollbacks(out: Console, gyre: Any, metrics: dict[str, float], iteration
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import json
-
     import numpy as np
 
     from gyre_ma.checkpoints import load_checkpoint
-    from gyre_ma.config import parse_config
+    from gyre_ma.config import code_references, parse_config
+    from gyre_ma.files import write_json
     from gyre_ma.loop import Gyre
     from gyre_ma.metrics import episode_metrics, wilson_interval
     from gyre_ma.roles import RolloutTask
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
-    state = load_checkpoint(args.checkpoint)
-    config = parse_config(state["config"], source=f"{args.checkpoint} (config)")
+    path, config = _eval_target(args)
+    args.checkpoint = str(path)
+    state = load_checkpoint(path)
+    if config is None:  # the checkpoint's own config: data, unless the user trusts it
+        config = parse_config(state["config"], source=f"{path} (config)")
+        references = code_references(config)
+        if references and not args.trust_config:
+            listed = ", ".join(f"{k}={v!r}" for k, v in references[:8])
+            raise UsageError(f"the config stored in {str(path)!r} would import code ({listed}); gyre-ma does not "
+                             "run code named by a checkpoint. If you trust this file, pass --trust-config; or "
+                             "pass your own config with --config FILE.yaml")
+        if references:
+            console.print(f"trusting the config stored in {path}: it imports "
+                          + ", ".join(f"{k}={v!r}" for k, v in references), markup=False, soft_wrap=True)
     gyre = Gyre(config)
     gyre.load_state_dict(state)
     tasks = [RolloutTask("executor", args.seed + i, greedy=args.greedy) for i in range(args.episodes)]
@@ -242,8 +252,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
     if args.json:
-        Path(args.json).write_text(json.dumps(metrics, indent=2))
+        write_json(Path(args.json), metrics)
     return 0
+
+
+_EVAL_SLOTS = ("best.pt", "final.pt", "latest.pt")
+
+
+def _eval_target(args: argparse.Namespace) -> tuple[Path, Any]:
+    """The checkpoint ``gyre-ma eval`` means, and the config to rebuild it with (None: the
+    checkpoint's own). A checkpoint file is itself; a run directory or a config YAML (whose
+    run directory is then used, with that config) mean the run's best checkpoint, else its
+    final or latest one."""
+    from gyre_ma.config import load_config
+
+    target, config = Path(args.checkpoint), None
+    if args.config is not None:
+        config = load_config(args.config)
+    if target.is_file() and target.suffix in (".yaml", ".yml"):
+        config = load_config(target)
+        target = config.run_dir
+    if target.is_dir():
+        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
+        found = next((folder / slot for slot in _EVAL_SLOTS if (folder / slot).is_file()), None)
+        if found is None:
+            raise UsageError(f"{str(target)!r} holds no checkpoint ({', '.join(_EVAL_SLOTS)} in "
+                             f"{str(folder)!r}); pass a checkpoint file written by gyre-ma train")
+        console.print(f"evaluating {found}", markup=False, soft_wrap=True)
+        target = found
+    elif not target.exists():
+        raise UsageError(f"checkpoint {str(target)!r} does not exist; pass a checkpoint file, a run directory "
+                         "or the run's config YAML")
+    return target, config
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -277,7 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint")
     p = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
-    p.add_argument("checkpoint", help="a checkpoint written by gyre-ma train")
+    p.add_argument("checkpoint", help="a checkpoint written by gyre-ma train, a run directory (its best.pt) "
+                                      "or a run's config YAML")
+    p.add_argument("--config", help="rebuild the env, library and manager from this config YAML instead of the "
+                                    "checkpoint's")
+    p.add_argument("--trust-config", action="store_true",
+                   help="let the checkpoint's own config import the code it names (module:callable references)")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--seed", type=int, default=1_000_000, help="first task seed (training uses others)")
     p.add_argument("--greedy", action="store_true", help="take the most likely option")

@@ -7,6 +7,7 @@ rejected with the accepted ones listed; errors name the dotted path and the bad 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -344,9 +345,12 @@ class TrainerConfig(_Section):
     strategy: str = "auto"
     """Fabric's ``strategy`` name (``auto``: the single-device strategy); a registered one
     such as ``ddp`` is accepted, but with one device there is nothing to distribute."""
-    threads: int | None = Field(None, ge=1, le=1024)
-    """torch intra-op threads of the learner's process, set when it is built; None keeps
-    torch's setting (by default one per core). Local rollouts run with their own setting."""
+    threads: int | None = Field(1, ge=1, le=1024)
+    """torch intra-op threads of the learner's process, set when it is built. The default 1
+    is part of determinism: float reductions split over a different number of threads
+    round differently, so the same config and seed gave different metrics on machines with
+    different core counts. None keeps torch's setting (one per core); more threads help
+    only large models. Local rollouts run with their own setting."""
 
     @field_validator("devices")
     @classmethod
@@ -499,3 +503,29 @@ def _with_overrides(data: Any, overrides: dict[str, Any]) -> Any:
 
 def dump_config(config: ExperimentConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_FILES_OF_CODE = ("library", "rewards.rules_file")
+"""Keys naming a YAML file whose entries may name code (an option library, a rules file)."""
+
+
+def code_references(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """Every ``(dotted key, value)`` of ``config`` that makes gyre-ma import code: a
+    ``module:callable`` reference anywhere (env id, library, manager policy, rule checks,
+    kwargs) and the YAML files whose entries may hold more (library, rules file).
+    A registered env id imports only gyre-ma's own code and is not listed."""
+    found: list[tuple[str, str]] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(node, str) and (_REFERENCE.match(node) or (where in _FILES_OF_CODE)):
+            found.append((where, node))
+
+    walk(config.model_dump(mode="json"), "")
+    return found

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def fsync_dir(directory: Path) -> None:
@@ -30,3 +33,19 @@ def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """``obj`` as strict JSON, written atomically: NaN and ±inf (which ``json`` would emit
+    as the non-JSON tokens ``NaN`` / ``Infinity``) become ``null``."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    atomic_write(Path(path), json.dumps(clean(obj), indent=2, allow_nan=False).encode())

@@ -1,21 +1,23 @@
-"""Monitor: per-iteration metrics through Lightning Fabric's loggers, to ``metrics.csv``
-and TensorBoard in the run directory."""
+"""Monitor: per-iteration metrics to ``metrics.csv`` (written atomically) and, through
+Lightning Fabric's ``TensorBoardLogger``, to TensorBoard in the run directory."""
 
 from __future__ import annotations
 
 import csv
-import warnings
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+from lightning.fabric.loggers import TensorBoardLogger
+
+from gyre_ma.files import atomic_write
 
 
 class Monitor:
-    """Logs one row per iteration to every logger: Fabric's ``CSVLogger`` (``metrics.csv`` in
-    the run directory; a key that first appears later widens the header, earlier rows
-    left empty) and ``TensorBoardLogger`` (``tensorboard/``). The x-axis is the step given
+    """Logs one row per iteration to ``metrics.csv`` in the run directory (rewritten
+    atomically; a key that first appears later widens the header, earlier rows left
+    empty) and to Fabric's ``TensorBoardLogger`` (``tensorboard/``). The x-axis is the step given
     to :meth:`log`, env steps in ``gyre-ma train`` (the CSV's ``step`` column)."""
 
     def __init__(self, run_dir: str | Path, *, resume_at: int | None = None) -> None:
@@ -24,29 +26,32 @@ class Monitor:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.csv_path = self.run_dir / "metrics.csv"
-        kept: list[dict[str, str]] = []
+        self.rows: list[dict[str, str]] = []
+        """Every row of ``metrics.csv`` as text, in iteration order."""
         if resume_at is not None and self.csv_path.exists():
             with self.csv_path.open(newline="") as f:
-                kept = [row for row in csv.DictReader(f) if float(row["iteration"]) < resume_at]
-        self.csv = CSVLogger(self.run_dir, name=None, version="", flush_logs_every_n_steps=1)  # a row a save
-        with warnings.catch_warnings():
-            # the run directory holds checkpoints and config.yaml too; the logger warns that it
-            # replaces metrics.csv, whose rows to keep were read above and are written back below
-            warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty",
-                                    category=UserWarning)
-            writer = self.csv.experiment
-        for row in kept:  # as read: the text of earlier rows is not re-formatted
-            writer.log_metrics(row, step=int(float(row.get("step") or row["env_steps"])))
-        self.csv.save()
+                self.rows = [row for row in csv.DictReader(f) if float(row["iteration"]) < resume_at]
+        self._write_csv()
         self.tensorboard = TensorBoardLogger(self.run_dir, name="tensorboard", version="", default_hp_metric=False)
-        self.loggers = [self.csv, self.tensorboard]
         self.history: list[dict[str, float]] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """One iteration's metrics to every logger at ``step``; ``metrics.csv`` is written now."""
         self.history.append(dict(metrics))
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=step)
+        self.rows.append({"step": str(step)} | {k: repr(float(v)) for k, v in metrics.items()})
+        self._write_csv()
+        self.tensorboard.log_metrics(metrics, step=step)
+
+    def _write_csv(self) -> None:
+        """Rewrite ``metrics.csv`` whole, atomically (temp file, fsync, rename): a kill at any
+        moment leaves the previous complete file, never a truncated one or one missing the
+        rows a resume read back. A key that first appears later widens the header."""
+        columns = list(dict.fromkeys(k for row in self.rows for k in row))
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write(self.csv_path, out.getvalue().encode())
 
     def spot_check(self, iteration: int, trajectories: list, library: Any, n: int,
                    rng: np.random.Generator) -> Path | None:
@@ -72,12 +77,11 @@ class Monitor:
                              f"{c.raw_reward:.3g} | {', '.join(c.milestones) or ''} | {ended} |")
             lines.append("")
         path = folder / f"iteration_{iteration:05d}.md"
-        path.write_text("\n".join(lines))
+        atomic_write(path, "\n".join(lines).encode(), sync_dir=False)
         return path
 
     def close(self) -> None:
-        for logger in self.loggers:
-            logger.finalize("success")
+        self.tensorboard.finalize("success")
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:

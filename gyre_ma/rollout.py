@@ -79,10 +79,6 @@ class Trajectory:
     success: bool = False
     """Every goal verified on environment state at the end."""
     total_reward: float = 0.0
-    final: dict[str, tuple[Any, frozenset[str]]] = field(default_factory=dict)
-    """Each agent's last observation and the verified milestones then (for bootstrapping)."""
-    final_state: np.ndarray | None = None
-    """Global state at the end (only with ``record_state``)."""
     tool_calls: int | None = None
     """Tool calls made in the episode, where the env counts them (``env.tool_calls()``)."""
     rule_results: Any = None
@@ -269,11 +265,6 @@ def run_episode(
     for run in running.values():  # agents still mid-option when the env ended it unflagged, or cut
         if run is not None:
             end(run, False, True, Termination.EPISODE)
-    for a in env.possible_agents:
-        if a in observations:
-            traj.final[a] = (observations[a], verified)
-    if record_state:
-        traj.final_state = _global_state(env)
     if callable(getattr(env, "tool_calls", None)):
         traj.tool_calls = int(env.tool_calls())
     traj.length = step
@@ -304,16 +295,16 @@ def trajectory_to_state(traj: Trajectory) -> dict[str, Any]:
     state = {k: _plain(v) for k, v in state.items()}
     return state | {
         "calls": calls, "rule_results": None,
-        "final": {a: [obs, sorted(done)] for a, (obs, done) in traj.final.items()},
         "class": f"{type(traj).__module__}:{type(traj).__qualname__}",
     }
 
 
 def trajectory_from_state(state: dict[str, Any]) -> Trajectory:
-    from gyre_ma.options.library import resolve
-
+    """The trajectory :func:`trajectory_to_state` wrote. Checkpoint contents are data: the
+    record types named in ``state`` must be gyre-ma's own (:func:`record_types`), so a
+    crafted checkpoint cannot make loading build, import or call anything else."""
     state = dict(state)
-    cls = resolve(state.pop("class"), "trajectory class")
+    cls = _record_type(state.pop("class"), "trajectory class", Trajectory)
     calls = []
     for d in state.pop("calls"):
         d = dict(d)
@@ -323,9 +314,34 @@ def trajectory_from_state(state: dict[str, Any]) -> Trajectory:
         d["termination"] = Termination(d["termination"]) if d["termination"] is not None else None
         d["breakdown"] = _revive(d["breakdown"])
         calls.append(OptionCall(**d))
-    state["final"] = {a: (obs, frozenset(done)) for a, (obs, done) in state["final"].items()}
+    for dropped in ("final", "final_state"):  # written before session 10; nothing reads them
+        state.pop(dropped, None)
     state = {k: _revive(v) for k, v in state.items()}
     return cls(calls=calls, **state)
+
+
+RECORD_TYPES = ("gyre_ma.rollout:Trajectory", "gyre_ma.roles:RoleTrajectory",
+                "gyre_ma.rewards.breakdown:RewardBreakdown", "gyre_ma.agents.noise:NoiseSetting")
+"""The dataclasses a stored trajectory may name (``module:qualname``): the only types
+:func:`trajectory_from_state` builds. Names, not imports: roles and rewards import this
+module."""
+
+
+def record_types() -> dict[str, type]:
+    """:data:`RECORD_TYPES`, imported."""
+    from gyre_ma.options.library import resolve
+
+    return {name: resolve(name, "record type") for name in RECORD_TYPES}
+
+
+def _record_type(name: Any, what: str, base: type | None = None) -> type:
+    if not isinstance(name, str) or name not in RECORD_TYPES:
+        raise ValueError(f"stored {what} {str(name)[:200]!r} is not one of gyre-ma's record types "
+                         f"{list(RECORD_TYPES)}; a checkpoint holds data only, and this one names something else")
+    cls = record_types()[name]
+    if base is not None and not issubclass(cls, base):
+        raise ValueError(f"stored {what} {name!r} is not a {base.__name__}")
+    return cls
 
 
 def _plain(value: Any) -> Any:
@@ -338,7 +354,8 @@ def _plain(value: Any) -> Any:
 
 def _revive(value: Any) -> Any:
     if isinstance(value, dict) and set(value) == {"dataclass", "fields"}:
-        from gyre_ma.options.library import resolve
-
-        return resolve(value["dataclass"], "dataclass")(**value["fields"])
+        fields = value["fields"]
+        if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+            raise ValueError(f"stored record {str(value['dataclass'])[:200]!r}: fields must be a mapping of names")
+        return _record_type(value["dataclass"], "record")(**fields)
     return value

@@ -147,7 +147,7 @@ def test_train_defaults_are_consistent():
 def test_trainer_section_builds_the_learners_fabric(tmp_path):
     cfg = parse_config({})
     assert (cfg.trainer.accelerator, cfg.trainer.devices, cfg.trainer.precision, cfg.trainer.strategy,
-            cfg.trainer.threads) == ("cpu", 1, "32-true", "auto", None)
+            cfg.trainer.threads) == ("cpu", 1, "32-true", "auto", 1)
     path = tmp_path / "c.yaml"
     path.write_text(dump_config(cfg))
     gpu = load_config(path, {"trainer.accelerator": "cuda", "trainer.devices": yaml.safe_load("[1]")})

@@ -106,7 +106,7 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     ckpt = run_dir / "checkpoints" / "final.pt"
     # 16 episodes are too few to judge (checkpoints.min_validation_episodes): no best yet
     assert {"latest.pt", "final.pt"} <= {p.name for p in (run_dir / "checkpoints").iterdir()}
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(ckpt), "--episodes", "3",
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(ckpt), "--episodes", "3", "--trust-config",
                           "--json", str(tmp_path / "eval.json")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "verified completion" in out.stdout and "milestone has_key" in out.stdout and "95 % CI" in out.stdout
@@ -115,7 +115,7 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     assert result["success_ci95_low"] <= result["success_rate"] <= result["success_ci95_high"]
     assert "steps to the goal" in out.stdout and "calls_to_goal" in result
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(run_dir / "checkpoints" / "latest.pt"),
-                          "--episodes", "2"], capture_output=True, text=True, timeout=300)
+                          "--episodes", "2", "--config", str(DOORKEY)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "plot", str(run_dir)],
                          capture_output=True, text=True, timeout=120)
@@ -188,7 +188,7 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
             assert {names[m] for m in verified} == set(c.milestones)
             assert bool(anchors["at_end"][r, i]) == (id(c) in ending)
     quiet = torch.tensor([not c.milestones and id(c) not in ending for row in seg.calls for c in row])
-    parts = dict(featurizer=gyre.featurizer, critic=None, state_scaler=None, names=names)
+    parts = dict(featurizer=gyre.featurizer, state_scaler=None, names=names)
     anchored = build_batch(trajectories, seg, config=cfg, **parts)["advantage"]
     segmented = cfg.model_copy(update={"credit": cfg.credit.model_copy(update={"mode": "segmented"})})
     local = build_batch(trajectories, seg, config=segmented, **parts)["advantage"]
@@ -245,3 +245,20 @@ def test_wilson_interval_matches_known_values():
     assert wilson_interval(20, 20)[0] == pytest.approx(0.8389, abs=1e-3)
     with pytest.raises(ValueError, match="successes <= n"):
         wilson_interval(5, 4)
+
+
+def test_the_learner_pins_torch_threads_so_core_count_does_not_change_results():
+    import torch
+
+    before = torch.get_num_threads()
+    histories = []
+    try:
+        for threads in (2, 1):  # as on machines with 2 cores and with 1
+            torch.set_num_threads(threads)
+            gyre, history = run(DOORKEY, 2)
+            assert torch.get_num_threads() == 1  # trainer.threads' default
+            gyre.close()
+            histories.append(strip_times(history))
+    finally:
+        torch.set_num_threads(before)
+    assert histories[0] == histories[1]

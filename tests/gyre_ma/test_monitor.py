@@ -64,3 +64,44 @@ def test_plot_reads_the_csv_without_pandas(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
     png = plot_run(tmp_path, tmp_path / "curves.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _train_and_resume(run_dir, total: int, first: int, delay: float) -> None:
+    """A child process: resume the monitor at ``first`` and log iterations up to ``total``,
+    then be killed (by the parent) at a random moment."""
+    import os
+    import time
+
+    monitor = Monitor(run_dir, resume_at=first)
+    for i in range(first, total):
+        time.sleep(delay)
+        monitor.log(iteration(i), step=100 * (i + 1))
+    os._exit(0)
+
+
+def test_metrics_rows_survive_kills_at_random_moments(tmp_path):
+    import multiprocessing as mp
+    import os
+    import signal
+
+    import numpy as np
+
+    ctx = mp.get_context("fork")
+    rng = np.random.default_rng(0)
+    total, kills = 10_000, 0  # more than the kills let it log: every child is killed
+    while kills < 60:
+        done = {int(float(r["iteration"])) for r in rows(tmp_path / "metrics.csv")} if (
+            tmp_path / "metrics.csv").exists() else set()
+        first = len(done)
+        if first >= total:
+            break
+        child = ctx.Process(target=_train_and_resume, args=(tmp_path, total, first, 0.002))
+        child.start()
+        child.join(timeout=float(rng.uniform(0.0, 0.05)))
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGKILL)
+            kills += 1
+        child.join()
+        logged = [int(float(r["iteration"])) for r in rows(tmp_path / "metrics.csv")]
+        assert logged == list(range(len(logged))), logged  # every iteration once, in order, from 0
+    assert kills >= 50 and len(logged) > 0

@@ -64,7 +64,13 @@ class Learner:
             self.critic_initialised = True
         before = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
         options = dict(epochs=self.epochs, minibatch_size=self.minibatch_size, generator=self.generator)
-        metrics = self.fitter.fit(self.manager_module, batch, **options)
+        # a decision with one eligible option chose nothing: no gradient, but its advantage
+        # would enter the normalisation and its zero entropy the mean; the critic learns from it
+        choices = batch[B.MASK].sum(-1) > 1
+        metrics = {"forced_decisions": float(1.0 - choices.float().mean())} if len(choices) else {}
+        if bool(choices.any()):
+            decided = batch if bool(choices.all()) else {k: v[choices] for k, v in batch.items()}
+            metrics |= self.fitter.fit(self.manager_module, decided, **options)
         metrics |= self.fitter.fit(self.critic_module, batch, **options)
         return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
 

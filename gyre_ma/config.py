@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gyre_ma.options.yaml_file import read_yaml
 from gyre_ma.rewards.arbiter import RewardConfig
 
+_RUN_NAME = re.compile(r"^[A-Za-z0-9_+=-][A-Za-z0-9_.+=-]*$")
+
 
 class ConfigError(ValueError):
     """A user mistake in a config: one line naming the key, the value and what was expected."""
@@ -66,8 +68,9 @@ class CreditConfig(_Section):
     lam: float = Field(0.95, ge=0.0, le=1.0)
     """GAE λ."""
     outcome_weight: float | None = Field(None, ge=0.0, le=1.0)
-    """Largest weight w in [0, 1] of the global outcome credit in the blend (1 − w goes to the
-    local, segmented GAE). None: the default of ``outcome_credit`` (:attr:`blend_weight`)."""
+    """Largest weight w in [0, 1] of the global outcome credit: ``episode`` blends it,
+    (1 − w) · local + w · outcome; ``anchored`` adds it, local + w · anchored. None: the
+    default of ``outcome_credit`` (:attr:`blend_weight`)."""
     outcome_length_weight: float = Field(0.5, ge=0.0, lt=1.0)
     """κ in [0, 1): a verified success's outcome is 1 − κ · length / horizon (a failure's stays
     0), so a group whose episodes all succeed still prefers its faster ones; 0 judges on
@@ -84,7 +87,7 @@ class CreditConfig(_Section):
     outcome_weight_succeeded: float = Field(0.5, ge=0.0, le=1.0)
     """Weight in [0, 1] of anchored credit when every episode of the batch succeeded, so that
     only the outcome's length term (κ) separates them: the local credit, which prices each
-    call's time, keeps the rest while the policy is refined."""
+    call's time, weighs more while the policy is refined."""
 
     @property
     def anchored(self) -> bool:
@@ -94,8 +97,8 @@ class CreditConfig(_Section):
     @property
     def blend_weight(self) -> float:
         """``outcome_weight``, or where it is None the default of ``outcome_credit``: 1 for
-        ``anchored`` (while verified success differs within the batch its credit replaces the
-        local term), 0.5 for ``episode`` (every call of an episode gets the same outcome
+        ``anchored`` (while verified success differs within the batch its credit is added
+        to the local term at full weight), 0.5 for ``episode`` (every call of an episode gets the same outcome
         advantage, and the local term tells them apart). The measurements behind these
         defaults are in ``benchmarks/results/README.md``."""
         if self.outcome_weight is not None:
@@ -298,6 +301,13 @@ class BackendConfig(_Section):
     sample_timeout_s: float = Field(600.0, gt=0.0)
     """Seconds one call to an actor (up to ``episodes_per_call`` episodes) may take
     before the actor is killed and replaced."""
+    option_timeout_s: float | None = Field(60.0, gt=0.0)
+    """Seconds one option call's sub-policy may run in all (every backend); past it the
+    call ends as a failure (``Termination.TIMEOUT``, metric ``option_timeouts``, a
+    warning naming the option) and its agent decides again. None: unbounded."""
+    episode_timeout_s: float | None = Field(600.0, gt=0.0)
+    """Seconds one episode may take (every backend); past it the episode is cut as a
+    truncation (metric ``episode_timeouts``). None: unbounded."""
     pipeline_depth: int = Field(2, ge=1, le=16)
     """Calls queued on one Ray actor at a time, so it starts the next without waiting
     for the driver (1: one at a time)."""
@@ -373,8 +383,10 @@ class TrainerConfig(_Section):
 
 
 class ExperimentConfig(_Section):
-    name: str = Field("experiment", min_length=1)
-    """Experiment name; the run directory is ``<run_root>/<name>``."""
+    name: str = Field("experiment", min_length=1, max_length=200)
+    """Experiment name; the run directory is ``<run_root>/<name>``. One path component:
+    letters, digits, ``_``, ``-``, ``.``, ``=``, ``+``, not starting with a dot, so a run
+    cannot land outside ``run_root``."""
     seed: int = Field(0, ge=0)
     """Seed of everything random on the local backend."""
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -408,6 +420,14 @@ class ExperimentConfig(_Section):
 
     run_root: str = "runs"
     """Folder under which run directories are made."""
+
+    @field_validator("name")
+    @classmethod
+    def _one_path_component(cls, name: str) -> str:
+        if not _RUN_NAME.match(name):
+            raise ValueError(f"must be one folder name (letters, digits and _ - . = +, not starting with a dot) so "
+                             f"that the run stays inside run_root; got {name[:100]!r}")
+        return name
 
     @model_validator(mode="after")
     def _groups_fit(self) -> ExperimentConfig:

@@ -7,11 +7,12 @@ A = (1 − w) · A_local + w · A_global, where A_global is its episode's outcom
 The global term comes in two kinds (``outcome_credit``). ``"episode"``: every call of an
 episode gets the episode's group-normalised outcome advantage (GRPO). ``"anchored"``: the
 outcome is credited to the calls whose verified milestones moved the expected outcome
-(:mod:`gyre_ma.credit.anchors`); its anchors are pooled over the batch, so the batch is
-its group: w = 0 when the batch's outcomes are all equal (its credit is 0 then), w = w_max
-when verified success differs within the batch, and w = ``w_length`` when every episode
-succeeded and only the outcome's length term separates them (the local credit, which
-prices each call's time, keeps a share while the policy is refined).
+(:mod:`gyre_ma.credit.anchors`) and added to every call's local credit,
+A = A_local + w · A_anchored (not blended: see :func:`_anchored_blend`); its anchors are
+pooled over the batch, so the batch is its group: w = 0 when the batch's outcomes are all
+equal (its credit is 0 then), w = w_max when verified success differs within the batch,
+and w = ``w_length`` when every episode succeeded and only the outcome's length term
+separates them.
 
 For ``"episode"`` the weight adapts per group. Rule: w = 0 when the group's outcomes are
 all equal (all succeed, all fail, or a group of one — the outcome does not discriminate,
@@ -214,12 +215,18 @@ def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | No
                     at_end: Tensor | None, episode_index: Tensor | None, mask: Tensor | None, w_max: float,
                     prior: float, eps: float, success: Tensor | None, w_length: float,
                     durations: Tensor) -> Tensor:
-    """(1 − w) · local + w · anchored credit on the calls that verified a milestone or ran at
-    the end; local + w · time credit on the others (their anchored steps are 0 by
-    construction, and zeroing their local credit made upkeep worthless): w = 0 where the
-    batch's outcomes are all equal, ``w_length`` where every episode succeeded
-    (``success``), else ``w_max``. With ``success``, each success's time cost is charged
-    to its calls by ``durations``."""
+    """local + w · anchored credit on every call: w = 0 where the batch's outcomes are all
+    equal, ``w_length`` where every episode succeeded (``success``), else ``w_max``. With
+    ``success``, each success's time cost is charged to its calls by duration.
+
+    The anchored credit is added to the local credit, not swapped for it. Swapping —
+    (1 − w) · local + w · anchored on the calls that verified a milestone or ran at the
+    end — threw away, on exactly those calls, what the critic knows about the state they
+    reached; where milestones are symmetric (any agent may claim any landmark:
+    coverage_v0) their anchor values are nearly equal, so the deciding calls got almost
+    no credit and the manager never learned not to duplicate (held-out success 0.33 at 51k
+    env steps; added: 0.52 sampled, 0.68 greedy). On the default tech-tree task, steps to
+    90 % over 4 seeds: swapped median 277.6k, added 269.8k."""
     missing = [n for n, x in (("verified_at", verified_at), ("call_milestones", call_milestones),
                               ("at_end", at_end)) if x is None]
     if missing:
@@ -248,9 +255,8 @@ def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | No
         w = w_length
     else:
         w = w_max
-    # a call that anchors nothing (verified no milestone, not running at the end: upkeep,
-    # waiting) keeps its local credit — the value of what follows it, e.g. staying alive —
-    # and pays its share of a success's time cost like every call
-    anchors = call_milestones.any(-1) | at_end
-    blended = torch.where(anchors, 1.0 - w, 1.0) * local + w * credit.to(local.dtype)
+    # every call keeps its local credit — for one that anchors nothing (upkeep, waiting) the
+    # value of what follows it, e.g. staying alive — and gets its anchored outcome credit and
+    # its share of a success's time cost on top
+    blended = local + w * credit.to(local.dtype)
     return blended if mask is None else torch.where(mask, blended, 0.0)

@@ -153,7 +153,7 @@ def _rows() -> dict:
     )
 
 
-def test_option_advantages_blends_anchored_credit_only_when_the_batch_discriminates() -> None:
+def test_option_advantages_adds_anchored_credit_only_when_the_batch_discriminates() -> None:
     x = _rows()
     call_milestones = torch.zeros(2, 3, 2, dtype=torch.bool)
     call_milestones[0, 1, 0] = call_milestones[1, 1, 1] = True
@@ -161,28 +161,24 @@ def test_option_advantages_blends_anchored_credit_only_when_the_batch_discrimina
                     at_end=torch.tensor([[False, False, True]] * 2), outcome_credit="anchored", anchor_prior=0.0,
                     groups=torch.tensor([0, 1]), w_max=0.5, w_length=0.5)
     local, _ = segmented_gae(**x)
-    anchors = torch.tensor([[False, True, True]] * 2)  # the calls that verified a milestone or ran at the end
-
-    def keep_local(expected):  # the calls anchoring nothing keep their whole local credit
-        return torch.where(anchors, expected, local)
+    credit = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])          # each milestone's anchored step
 
     blended, _ = option_advantages(mode="blend", outcomes=torch.tensor([1.0, 0.0]), **anchored, **x)
-    assert close(blended, keep_local(0.5 * local + 0.5 * torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])))
+    assert close(blended, local + 0.5 * credit)                          # added to every call's local credit
     same, _ = option_advantages(mode="blend", outcomes=torch.tensor([1.0, 1.0]), **anchored, **x)
     assert torch.equal(same, local)                                      # nothing to tell apart: local credit
     # the weight follows what separates the episodes: verified success (w_max), length alone
     # when every episode succeeded (w_length), nothing (0)
-    credit = torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
     mixed, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_length": 0.25}),
                                  **x, success=torch.tensor([True, False]))
-    assert close(mixed, keep_local(0.5 * local + 0.5 * credit))
+    assert close(mixed, local + 0.5 * credit)
     faster, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.6]), **(anchored | {"w_length": 0.25}),
                                   **x, success=torch.tensor([True, True]))
     by_duration = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]) / 3  # only time separates them
-    assert close(faster, torch.where(anchors, 0.75 * local, local) + 0.25 * by_duration)
+    assert close(faster, local + 0.25 * by_duration)
     full, _ = option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **(anchored | {"w_max": 1.0}),
                                 **x, success=torch.tensor([True, False]))
-    assert close(full, keep_local(credit))                               # w = 1: the local term is gone where anchored
+    assert close(full, local + credit)                                   # w = 1: the whole anchored credit, on top
     with pytest.raises(ValueError, match=r"success has shape \(3,\); expected \(2,\), the shape of outcomes"):
         option_advantages(mode="blend", outcomes=torch.tensor([0.9, 0.0]), **anchored, **x,
                           success=torch.tensor([True, True, False]))

@@ -7,6 +7,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.library import OptionLibrary, resolve
 
 
@@ -51,7 +52,24 @@ def _call(factory: Any, where: str, **available: Any) -> Any:
     if required:
         raise ValueError(f"{where}: factory {factory!r} must take no required argument but "
                          f"{sorted(available)}, got {required}")
-    return factory(**{k: v for k, v in available.items() if k in params})
+    return _user_call(factory, where, **{k: v for k, v in available.items() if k in params})
+
+
+def _user_call(factory: Any, where: str, **kwargs: Any) -> Any:
+    """``factory(**kwargs)``; arguments it does not take are a ValueError naming ``where``,
+    an exception from inside it a :class:`UserCodeError` naming it."""
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{where}: {callable_name(factory)} rejected the arguments {sorted(kwargs)} ({exc})") from None
+    except ValueError:  # no signature to check (a builtin): let the call say
+        pass
+    try:
+        return factory(**kwargs)
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(f"{where}: factory {callable_name(factory)}", exc) from exc
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:
@@ -65,10 +83,7 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
             f"env.id: unknown environment {env_id!r}; registered: {sorted(ENVIRONMENTS)} "
             "(or give 'module:callable')"
         )
-    try:
-        return factory(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"env.kwargs: {env_id} rejected the arguments {kwargs!r} ({exc})") from None
+    return _user_call(factory, f"env.id {env_id!r} (env.kwargs)", **kwargs)
 
 
 def make_library(env_id: str, env: Any, source: str | None = None,
@@ -80,11 +95,7 @@ def make_library(env_id: str, env: Any, source: str | None = None,
         library = OptionLibrary.load(source, **kwargs)
     elif env_id in ENVIRONMENTS:
         factory = functools.partial(resolve(ENVIRONMENTS[env_id].library, "library"), **kwargs)
-        try:
-            library = _call(factory, "library", env=env)
-        except TypeError as exc:
-            raise ValueError(f"library_kwargs: the {env_id} library rejected the arguments {sorted(kwargs)} "
-                             f"({exc})") from None
+        library = _call(factory, f"library_kwargs (the {env_id} library)", env=env)
     else:
         raise ValueError(f"library: environment {env_id!r} has no built-in library; set 'library'")
     return library.validate()

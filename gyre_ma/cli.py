@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,7 +97,12 @@ def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
         if "=" not in pair:
             raise UsageError(f"--set: expected KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise UsageError(f"--set {key}: the value {value[:100]!r} is not valid YAML ({problem}); quote a "
+                             f"string as --set {key}=\"'...'\"") from None
     return out
 
 
@@ -112,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from gyre_ma.checkpoints import save_checkpoint
     from gyre_ma.config import dump_config, load_config
-    from gyre_ma.files import write_json
+    from gyre_ma.files import write_json, write_text
     from gyre_ma.loop import Gyre
     from gyre_ma.monitor import Monitor
 
@@ -124,16 +130,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     run_dir = config.run_dir
     if args.resume:
+        if not (run_dir / "checkpoints" / "manifest.json").is_file():  # checked before anything is made
+            raise UsageError(f"nothing to resume: {str(run_dir)!r} holds no checkpoint of a run; train without "
+                             "--resume to start it")
+        lock = _lock_run(run_dir)
+        change = _config_change(run_dir, config, force=args.force_config)
         gyre = Gyre.resume(config, run_dir)
+        if gyre.next_iteration >= config.train.iterations:
+            gyre.close()
+            console.print(f"run {config.name!r} has already done its {config.train.iterations} iterations "
+                          f"(checkpoints in {run_dir / 'checkpoints'}); raise --iterations to train it further",
+                          markup=False, soft_wrap=True)
+            return 0
+        if change:
+            _record_change(run_dir, change, gyre.next_iteration)
     else:
         if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
             raise UsageError(f"run directory {str(run_dir)!r} already has checkpoints; "
                              "pass --resume to continue it, or choose another name/run_root")
+        lock = _lock_run(run_dir)
         gyre = Gyre(config, run_dir)
+        write_text(run_dir / "config.yaml", dump_config(config))
     first = gyre.next_iteration
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
     spot_rng = np.random.default_rng([config.seed, first])
-    (run_dir / "config.yaml").write_text(dump_config(config))
     metrics: dict[str, float] = {}
     said_stop = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
@@ -168,7 +188,76 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} held-out episodes "
                       f"(evaluate it with gyre-ma eval {run_dir / 'checkpoints' / 'best.pt'})", markup=False)
     write_json(run_dir / "summary.json", metrics)
+    lock.close()
     return 0
+
+
+def _lock_run(run_dir: Path) -> Any:
+    """An exclusive lock on ``run_dir`` for this process's lifetime (``fcntl.flock`` on
+    ``run_dir/.lock``): a second trainer of the same run is refused, not interleaved."""
+    import fcntl
+    import os
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = (run_dir / ".lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise UsageError(f"run directory {str(run_dir)!r} is in use by another gyre-ma train ({owner}); wait for it "
+                         "or choose another name/run_root") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
+
+
+_BUDGET_KEYS = ("train.iterations", "run_root")
+"""Config keys a resume may change without --force-config: the budget (and how the run
+root, which found this very run directory, is spelled)."""
+
+
+def _config_change(run_dir: Path, config: ExperimentConfig, *, force: bool) -> dict[str, Any]:
+    """The keys of ``config`` that differ from the run's own ``config.yaml`` (dotted key →
+    [was, now]); a change beyond the budget is refused unless ``force``."""
+    from gyre_ma.config import dump_config
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return {}
+    before, after = _flatten(yaml.safe_load(path.read_text())), _flatten(yaml.safe_load(dump_config(config)))
+    change = {k: [before.get(k), after.get(k)] for k in sorted(set(before) | set(after))
+              if before.get(k) != after.get(k)}
+    beyond = [k for k in change if k not in _BUDGET_KEYS]
+    if beyond and not force:
+        listed = ", ".join(f"{k}: {change[k][0]!r} -> {change[k][1]!r}" for k in beyond[:10])
+        raise UsageError(f"--resume: the config differs from the run's ({listed}{', …' if len(beyond) > 10 else ''}); "
+                         "a resumed run keeps its config except the budget (train.iterations). Pass --force-config "
+                         "to continue with the change (recorded in config_history.yaml), or start a new run")
+    return change
+
+
+def _record_change(run_dir: Path, change: dict[str, Any], iteration: int) -> None:
+    """Append a resume's config change to ``run_dir/config_history.yaml``; ``config.yaml``
+    stays the config the run started with."""
+    from gyre_ma.files import write_text
+
+    path = run_dir / "config_history.yaml"
+    history = yaml.safe_load(path.read_text()) if path.is_file() else []
+    history.append({"resumed_at_iteration": iteration, "changed": change})
+    write_text(path, yaml.safe_dump(history, sort_keys=False))
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        out |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
 
 
 def _success_line(metrics: dict[str, float]) -> str:
@@ -316,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint")
+    p.add_argument("--force-config", action="store_true",
+                   help="with --resume: continue with a config that differs from the run's (the change is recorded)")
     p = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
     p.add_argument("checkpoint", help="a checkpoint written by gyre-ma train, a run directory (its best.pt) "
                                       "or a run's config YAML")
@@ -342,11 +433,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, TypeError) as exc:  # ConfigError and UsageError are ValueErrors
+    except (ValueError, TypeError, OSError) as exc:
         if args.debug:
             raise
-        err_console.print(f"gyre-ma {args.command}: error: {exc}", markup=False, soft_wrap=True)
+        if not _user_error(exc):
+            traceback.print_exc()
+            err_console.print(f"gyre-ma {args.command}: this is a bug in gyre-ma, not in your input: please report it "
+                              "with the traceback above", markup=False, soft_wrap=True)
+            return 1
+        text = " ".join(str(exc).split())
+        text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + "… (cut; --debug shows all)"
+        err_console.print(f"gyre-ma {args.command}: error: {text}", markup=False, soft_wrap=True)
         return 2
+
+
+_MAX_ERROR = 2000
+"""Characters of an error line; an error that echoes a huge input is cut."""
+
+
+def _user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is about the user's input or code (one line, exit 2) rather than a bug
+    in gyre-ma (traceback, exit 1): an error from the user's code (:class:`UserCodeError`),
+    a storage error (``OSError``: a full disk, a read-only or missing path), or a
+    ValueError / TypeError that gyre-ma raised on purpose — by a ``raise`` statement in its
+    own source, the way every check of a config, library or env reports."""
+    from gyre_ma.options.errors import UserCodeError
+
+    if isinstance(exc, (UserCodeError, OSError)):
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return True
+    last = frames[-1]
+    return _in_gyre_ma(last.filename) and (last.line or "").lstrip().startswith("raise")
+
+
+def _in_gyre_ma(filename: str) -> bool:
+    import gyre_ma
+    import gyre_ma.agents
+    import gyre_ma.envs
+    import gyre_ma.options
+
+    path = Path(filename).resolve()
+    roots = {Path(p).resolve() for package in (gyre_ma, gyre_ma.agents, gyre_ma.envs, gyre_ma.options)
+             for p in package.__path__}
+    return any(path.is_relative_to(root) for root in roots)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,8 @@ def write_json(path: Path, obj: Any) -> None:
         return x
 
     atomic_write(Path(path), json.dumps(clean(obj), indent=2, allow_nan=False).encode())
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` written atomically (UTF-8)."""
+    atomic_write(Path(path), text.encode())

@@ -33,6 +33,9 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     }
     # episodes cut at a dead end of the library (no eligible option for some agent)
     out["dead_ends"] = sum(bool(t.dead_ends) for t in trajectories) / n
+    # wall-clock bounds (backend.option_timeout_s / episode_timeout_s): calls and episodes cut
+    out["option_timeouts"] = sum(len(getattr(t, "option_timeouts", ())) for t in trajectories) / n
+    out["episode_timeouts"] = sum(bool(getattr(t, "timed_out", False)) for t in trajectories) / n
     tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
     if tools:
         out["tool_calls"] = float(np.mean(tools))

@@ -8,16 +8,23 @@ choice becomes an :class:`OptionCall`; an episode becomes a :class:`Trajectory`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
+import types
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from gyre_ma.envs.base import GyreEnv
 from gyre_ma.options.decision import Decision, Manager
+from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, Termination, is_behaviour
+from gyre_ma.watchdog import EpisodeTimeout, OptionTimeout, watchdog
 
 
 @dataclass
@@ -89,6 +96,10 @@ class Trajectory:
     dead_ends: list[str] = field(default_factory=list)
     """Agents for which no option was eligible (a dead end of the library, e.g. a one-shot
     option whose milestone was lost): the episode was cut there, as a truncation."""
+    option_timeouts: list[str] = field(default_factory=list)
+    """Options whose call ran past ``backend.option_timeout_s`` (ended as failures)."""
+    timed_out: bool = False
+    """The episode ran past ``backend.episode_timeout_s`` and was cut, as a truncation."""
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]
@@ -98,7 +109,7 @@ class _Running:
     """An option call in progress. The per-step sums live here and reach ``call`` when it
     ends (:meth:`close`): the step loop touches only these slots."""
 
-    __slots__ = ("call", "ctx", "option", "policy", "behaviour", "raw")
+    __slots__ = ("call", "ctx", "option", "policy", "behaviour", "raw", "spent")
 
     def __init__(self, call: OptionCall, ctx: OptionContext, option: Option) -> None:
         self.call, self.ctx, self.option = call, ctx, option
@@ -109,6 +120,8 @@ class _Running:
         else:
             self.behaviour, self.policy = None, option.policy
         self.raw = 0.0
+        self.spent = 0.0
+        """Seconds its sub-policy has run in this call."""
 
     def termination(self, verified: frozenset[str]) -> Termination | None:
         return self.option.termination(self.ctx, verified, self.behaviour)
@@ -134,6 +147,8 @@ def run_episode(
     record_state: bool = False,
     step_log: list[tuple[dict, dict]] | None = None,
     on_option_end: Callable[[OptionCall, Any], None] | None = None,
+    option_timeout_s: float | None = None,
+    episode_timeout_s: float | None = None,
 ) -> Trajectory:
     """Roll one episode out, option by option, and return its whole trajectory.
 
@@ -153,8 +168,21 @@ def run_episode(
     the manager's own ``option_end`` hook where it has one (``episode_start(env, seed)``
     runs after the reset). Once every goal is verified the task is done: the episode ends
     there, as a termination.
+
+    Wall-clock bounds (:mod:`gyre_ma.watchdog`; None: none): an option call whose
+    sub-policy has run ``option_timeout_s`` seconds in all ends as
+    :attr:`~gyre_ma.options.option.Termination.TIMEOUT` (a failure, listed in
+    ``Trajectory.option_timeouts``, warned once per option), set aside like a blocked
+    one; an episode past ``episode_timeout_s`` is cut as a truncation
+    (``Trajectory.timed_out``).
     """
-    observations, _ = env.reset(seed=seed)
+    try:
+        observations, _ = env.reset(seed=seed)
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(f"environment {_env_name(env)}.reset (task seed {seed})", exc) from exc
+    checks = {a: action_check(env.action_space(a), a) for a in env.possible_agents}
     env_cap = getattr(env, "max_cycles", None)  # the env's own step limit, where it has one
     cap = max_steps if max_steps is not None else int(env_cap if env_cap is not None else 10_000)
     goals = frozenset(library.graph.goals)
@@ -208,60 +236,100 @@ def run_episode(
     for m in verified:
         traj.milestone_steps.setdefault(m, 0)
     step = 0
-    while env.agents and step < cap and not goals <= verified:
-        actions = {}
-        for a in env.agents:
-            set_aside: set[int] = set()
-            while a not in actions:
-                run = running.get(a)
-                if run is None:
-                    run = running[a] = start(a, step, verified, set_aside)
+    option_limit = math.inf if option_timeout_s is None else float(option_timeout_s)
+    watch = watchdog() if option_timeout_s is not None or episode_timeout_s is not None else _UNWATCHED
+    if episode_timeout_s is not None:
+        watch.episode_deadline = time.perf_counter() + float(episode_timeout_s)
+    try:
+        while env.agents and step < cap and not goals <= verified:
+            actions = {}
+            for a in env.agents:
+                set_aside: set[int] = set()
+                while a not in actions:
+                    run = running.get(a)
                     if run is None:
-                        traj.dead_ends.append(a)
-                        break
-                action = run.policy(run.ctx)
-                if action is CANNOT_PROCEED:
-                    set_aside.add(run.call.option)
-                    running[a] = None
-                    end(run, False, False, Termination.BLOCKED)
-                else:
-                    actions[a] = action
+                        run = running[a] = start(a, step, verified, set_aside)
+                        if run is None:
+                            traj.dead_ends.append(a)
+                            break
+                    started = time.perf_counter()
+                    if started >= watch.episode_deadline:
+                        raise EpisodeTimeout()
+                    watch.option_deadline = started + option_limit - run.spent
+                    try:
+                        action = run.policy(run.ctx)
+                    except OptionTimeout:
+                        action = OptionTimeout
+                    except Exception as exc:
+                        raise UserCodeError(f"sub-policy {callable_name(run.policy)} of option "
+                                            f"{run.option.name!r} (agent {a!r})", exc) from exc
+                    finally:
+                        watch.option_deadline = math.inf
+                        run.spent += time.perf_counter() - started
+                    if action is OptionTimeout or run.spent > option_limit:
+                        _timed_out(traj, run, option_limit)
+                        set_aside.add(run.call.option)
+                        running[a] = None
+                        end(run, False, False, Termination.TIMEOUT)
+                    elif action is CANNOT_PROCEED:
+                        set_aside.add(run.call.option)
+                        running[a] = None
+                        end(run, False, False, Termination.BLOCKED)
+                    else:
+                        actions[a] = checks[a](action, run.option.name)
+                if traj.dead_ends:
+                    break
             if traj.dead_ends:
                 break
-        if traj.dead_ends:
-            break
-        observations, rewards, terms, truncs, _ = env.step(actions)
-        if step_log is not None:
-            step_log.append((actions, dict(rewards)))
-        step += 1
-        verified = env.verified_milestones()
-        if len(verified) != len(traj.milestone_steps):  # monotone: only new ones to stamp
-            for m in sorted(verified.difference(traj.milestone_steps)):
-                traj.milestone_steps[m] = step
-                if attribute is not None and (agent := attribute(m)) is not None:
-                    traj.milestone_agents[m] = agent
-        finished = goals <= verified
-        at_cap = step >= cap
-        for a in actions:
-            run = running[a]
-            r = rewards.get(a, 0.0)
-            if r:
-                r = float(r)
-                run.raw += r
-                traj.total_reward += r
-            ctx = run.ctx
-            ctx.steps += 1
-            ctx.achieved = verified
-            if a in observations:
-                ctx.observation = observations[a]
-            reason = run.termination(verified)
-            terminated = finished or bool(terms.get(a, False))
-            truncated = bool(truncs.get(a, False)) or (at_cap and not terminated)
-            if terminated or truncated:
-                reason = reason or Termination.EPISODE
-            if reason is not None:
-                running[a] = None
-                end(run, terminated, truncated, reason)
+            try:
+                observations, rewards, terms, truncs, _ = env.step(actions)
+            except UserCodeError:
+                raise
+            except Exception as exc:
+                raise UserCodeError(f"environment {_env_name(env)}.step (step {step})", exc) from exc
+            if step_log is not None:
+                step_log.append((actions, dict(rewards)))
+            step += 1
+            verified = env.verified_milestones()
+            if len(verified) != len(traj.milestone_steps):  # monotone: only new ones to stamp
+                for m in sorted(verified.difference(traj.milestone_steps)):
+                    traj.milestone_steps[m] = step
+                    if attribute is not None and (agent := attribute(m)) is not None:
+                        traj.milestone_agents[m] = agent
+            finished = goals <= verified
+            at_cap = step >= cap
+            for a in actions:
+                run = running[a]
+                r = rewards.get(a, 0.0)
+                if r:
+                    r = float(r)
+                    run.raw += r
+                    traj.total_reward += r
+                ctx = run.ctx
+                ctx.steps += 1
+                ctx.achieved = verified
+                if a in observations:
+                    ctx.observation = observations[a]
+                try:
+                    reason = run.termination(verified)
+                except UserCodeError:
+                    raise
+                except Exception as exc:
+                    raise UserCodeError(f"a done/failure predicate of option {run.option.name!r} (agent {a!r})",
+                                        exc) from exc
+                terminated = finished or bool(terms.get(a, False))
+                truncated = bool(truncs.get(a, False)) or (at_cap and not terminated)
+                if terminated or truncated:
+                    reason = reason or Termination.EPISODE
+                if reason is not None:
+                    running[a] = None
+                    end(run, terminated, truncated, reason)
+    except EpisodeTimeout:
+        traj.timed_out = True
+        warnings.warn(f"an episode (task seed {seed}) ran past backend.episode_timeout_s={episode_timeout_s:g} s "
+                      f"at step {step}: cut as a truncation", RuntimeWarning, stacklevel=2)
+    finally:
+        watch.episode_deadline = watch.option_deadline = math.inf
     for run in running.values():  # agents still mid-option when the env ended it unflagged, or cut
         if run is not None:
             end(run, False, True, Termination.EPISODE)
@@ -270,6 +338,63 @@ def run_episode(
     traj.length = step
     traj.success = goals <= verified
     return traj
+
+
+_UNWATCHED = types.SimpleNamespace(option_deadline=math.inf, episode_deadline=math.inf)
+"""Deadlines of an episode played without wall-clock bounds."""
+_WARNED_TIMEOUTS: set[str] = set()
+
+
+def _timed_out(traj: Trajectory, run: _Running, limit: float) -> None:
+    name = run.option.name
+    traj.option_timeouts.append(name)
+    if name not in _WARNED_TIMEOUTS:  # one line per option and process, not per call
+        _WARNED_TIMEOUTS.add(name)
+        warnings.warn(f"option {name!r} (agent {run.call.agent!r}): its sub-policy ran past "
+                      f"backend.option_timeout_s={limit:g} s; the call ended as a failure (counted as "
+                      "option_timeouts)", RuntimeWarning, stacklevel=3)
+
+
+def _env_name(env: Any) -> str:
+    return type(getattr(env, "unwrapped", env)).__name__
+
+
+def action_check(space: Any, agent: str) -> Callable[[Any, str], Any]:
+    """A check of one sub-policy action for ``agent``'s action space: returns the action,
+    or raises a ValueError naming the option, the agent, the action and the space. A
+    ``Discrete`` space takes an integer in range (not a bool, None or NaN); other spaces
+    their own ``contains``, and float arrays must be finite."""
+    if isinstance(space, spaces.Discrete):
+        low, high = int(space.start), int(space.start) + int(space.n)
+
+        def discrete(action: Any, option: str) -> Any:
+            if isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_)):
+                if low <= action < high:
+                    return action
+            elif isinstance(action, np.ndarray) and action.shape == () and action.dtype.kind in "iu":
+                if low <= int(action) < high:
+                    return action
+            raise _bad_action(option, agent, action, f"an integer in [{low}, {high}) for {space}")
+
+        return discrete
+
+    def general(action: Any, option: str) -> Any:
+        try:
+            finite = not isinstance(action, (float, np.floating, np.ndarray)) or bool(np.all(np.isfinite(action)))
+            ok = finite and bool(space.contains(action))
+        except Exception:  # noqa: BLE001 - a space may raise on an action of the wrong kind
+            ok = False
+        if not ok:
+            raise _bad_action(option, agent, action, f"an element of {space}, finite")
+        return action
+
+    return general
+
+
+def _bad_action(option: str, agent: str, action: Any, expected: str) -> ValueError:
+    text = repr(action)
+    return ValueError(f"sub-policy of option {option!r} (agent {agent!r}) returned the action "
+                      f"{text[:120] + '…' if len(text) > 120 else text}; expected {expected}")
 
 
 def _global_state(env: GyreEnv) -> np.ndarray:

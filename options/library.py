@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.option import Option, OptionContext
 from gyre_ma.options.yaml_file import read_yaml
@@ -143,7 +144,11 @@ class OptionLibrary:
         if ctx is not None:
             for i, opt in enumerate(self._options):
                 if mask[i] and (opt.initiation is not None or opt.restores):
-                    mask[i] = opt.can_start(ctx)
+                    try:
+                        mask[i] = opt.can_start(ctx)
+                    except Exception as exc:
+                        raise UserCodeError(f"initiation predicate {callable_name(opt.initiation)} of option "
+                                            f"{opt.name!r} (agent {ctx.agent!r})", exc) from exc
         return mask
 
     # ------------------------------------------------------------------ YAML

@@ -96,6 +96,7 @@ class Termination(enum.Enum):
     FAILURE = "failure"  # its failure predicate held
     MAX_STEPS = "max_steps"  # it ran out of its step cap
     EPISODE = "episode"  # the episode ended (agent terminated or truncated) first
+    TIMEOUT = "timeout"  # its sub-policy ran past the call's wall-clock budget (a failure)
 
 
 def _check_callable(owner: str, what: str, fn: object, n_args: int = 1) -> None:

@@ -101,3 +101,28 @@ def faulty_env(*, base: str = "workflow_v0", fault_dir: str, at_step: int = 5, *
     """``env.id: gyre_ma.backends.faults:faulty_env`` with ``env.kwargs`` {base, fault_dir,
     at_step, ...the base env's own kwargs}; set ``library`` to the base env's library."""
     return FaultyEnv(make_env(base, **kwargs), fault_dir=fault_dir, at_step=at_step)
+
+
+class Stuck:
+    """A sub-policy that blocks for ``seconds`` (a stuck request, a deadlock) on every step."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.__name__ = self.__qualname__ = "Stuck"
+
+    def __call__(self, ctx: Any) -> int:
+        time.sleep(self.seconds)
+        return 0
+
+
+def stuck_library(env: Any = None, *, seconds: float = 3600.0) -> Any:
+    """coverage_v0's library plus an option ``stuck`` whose sub-policy blocks for
+    ``seconds``: ``library: gyre_ma.backends.faults:stuck_library`` (``library_kwargs``:
+    ``seconds``) for tests of the wall-clock bounds, on any backend."""
+    from gyre_ma.envs.coverage.options import make_library
+    from gyre_ma.options.option import Option
+
+    library = make_library(env=env)
+    library.add(Option("stuck", Stuck(seconds), None, done=lambda ctx: ctx.steps >= 1, max_steps=1,
+                       description="blocks"))
+    return library

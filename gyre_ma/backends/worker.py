@@ -48,6 +48,9 @@ class RolloutKit:
     rules: Any = None
     """A RewardScorer whose rule engine checks env state at option and episode ends
     (None when the config has no rules)."""
+    option_timeout_s: float | None = None
+    episode_timeout_s: float | None = None
+    """Wall-clock bounds of an option call and an episode (``backend.*_timeout_s``)."""
 
     @classmethod
     def from_config(cls, config: Any) -> RolloutKit:
@@ -59,7 +62,8 @@ class RolloutKit:
             library = primitive_library(env.task_graph(), env.action_space(agents[0]))
         else:
             library = make_library(config.env.id, env, config.library, config.library_kwargs)
-        kit = cls(env, library, m.kind, config.train.max_steps)
+        kit = cls(env, library, m.kind, config.train.max_steps, option_timeout_s=config.backend.option_timeout_s,
+                  episode_timeout_s=config.backend.episode_timeout_s)
         rewards = getattr(config, "rewards", None)
         if rewards is not None and (rewards.rules or rewards.rules_file):
             from gyre_ma.rewards.scorer import RewardScorer
@@ -132,7 +136,8 @@ class RolloutKit:
         hook = self.rules.on_option_end if self.rules is not None else None
         traj = run_episode(self.env, self.library, self.manager(task, version), seed=task.task_seed,
                            policy_version=version, max_steps=cap,
-                           record_state=self.state_scaler is not None, on_option_end=hook)
+                           record_state=self.state_scaler is not None, on_option_end=hook,
+                           option_timeout_s=self.option_timeout_s, episode_timeout_s=self.episode_timeout_s)
         if self.rules is not None:
             traj.rule_results = self.rules.end_episode(traj, self.env)
         return tag(traj, role=task.role, episode=task.episode, worker=worker, noise=task.noise,

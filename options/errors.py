@@ -1,0 +1,50 @@
+"""Errors from a user's code, named: which callable, which option and agent, and where.
+
+gyre-ma calls code users write — environments, sub-policies, predicates, detectors, rule
+checks, factories. An exception from inside one is re-raised as :class:`UserCodeError`,
+one line that names what was being called and the user's ``file:line``, so that
+``gyre-ma train`` can report it as a user error (exit 2, the traceback under ``--debug``)
+and keep tracebacks for gyre-ma's own bugs. It is a ``ValueError`` so that callers that
+handle bad input handle it too; the original exception is its ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import traceback
+from pathlib import Path
+from typing import Any
+
+_LIBRARY_DIRS = tuple({str(Path(p).resolve()) for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                       if (p := sysconfig.get_paths().get(key))})
+
+
+class UserCodeError(ValueError):
+    """An exception raised inside user-supplied code; ``what`` names the call."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        self.what, self.error = what, error
+        text = " ".join(str(error).split())
+        text = text if len(text) <= 300 else text[:300] + "…"
+        where = user_frame(error)
+        super().__init__(f"{what} raised {type(error).__name__}: {text}" + (f" (at {where})" if where else ""))
+
+
+def user_frame(error: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``error``'s traceback outside the standard
+    library and installed packages (the user's own code), else the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return None
+    for frame in reversed(frames):
+        path = str(Path(frame.filename).resolve())
+        if not path.startswith(_LIBRARY_DIRS):
+            return f"{frame.filename}:{frame.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}"
+
+
+def callable_name(fn: Any) -> str:
+    """A readable name of a user callable: ``module.qualname``, or its type for an instance."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"{module}.{name}" if module and module != "builtins" else str(name)

@@ -1,0 +1,69 @@
+"""A run directory has one owner, a resume keeps the run's config, and edge cases say what
+happened (issue #18, measurements 4 and 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gyre_ma.cli import _lock_run, main
+from gyre_ma.config import ConfigError, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
+
+
+def train(tmp_path, *extra: str) -> int:
+    return main(["train", str(DOORKEY), "--run-root", str(tmp_path), "--quiet", *extra])
+
+
+def test_resume_of_a_run_that_never_existed_leaves_nothing_behind(tmp_path, capsys):
+    assert train(tmp_path, "--resume") == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_trainer_of_the_same_run_is_refused(tmp_path, capsys):
+    held = _lock_run(tmp_path / "minigrid_doorkey")
+    try:
+        assert train(tmp_path, "--iterations", "1") == 2
+        assert "in use by another gyre-ma train" in capsys.readouterr().err
+    finally:
+        held.close()
+    assert train(tmp_path, "--iterations", "1") == 0  # released: the run can be trained
+
+
+def test_a_resume_keeps_the_runs_config_unless_forced_and_says_when_it_is_finished(tmp_path, capsys):
+    assert train(tmp_path, "--iterations", "1") == 0
+    run_dir = tmp_path / "minigrid_doorkey"
+    original = (run_dir / "config.yaml").read_text()
+    capsys.readouterr()
+    assert train(tmp_path, "--resume", "--iterations", "1") == 0
+    assert "already done its 1 iterations" in capsys.readouterr().out
+    assert train(tmp_path, "--resume", "--iterations", "2", "--set", "seed=1", "--set", "train.lr=0.01") == 2
+    err = capsys.readouterr().err
+    assert "seed: 0 -> 1" in err and "train.lr" in err and "--force-config" in err
+    assert train(tmp_path, "--resume", "--iterations", "2", "--set", "train.lr=0.01", "--force-config") == 0
+    assert (run_dir / "config.yaml").read_text() == original  # the run's own config is not overwritten
+    history = yaml.safe_load((run_dir / "config_history.yaml").read_text())
+    assert history == [{"resumed_at_iteration": 1, "changed": {"train.iterations": [1, 2],
+                                                                "train.lr": [history[0]["changed"]["train.lr"][0],
+                                                                             0.01]}}]
+
+
+def test_run_names_cannot_escape_the_run_root():
+    for name in ("../../x", "/abs/path", "a/b", ".hidden", ""):
+        try:
+            parse_config({"name": name})
+        except ConfigError as exc:
+            assert "name" in str(exc)
+        else:
+            raise AssertionError(f"name {name!r} was accepted")
+    assert parse_config({"name": "coverage-3_seed=1.v2"}).name == "coverage-3_seed=1.v2"
+
+
+def test_a_set_value_that_is_not_yaml_names_the_key(tmp_path, capsys):
+    assert train(tmp_path, "--set", "seed=[1") == 2
+    err = capsys.readouterr().err
+    assert "--set seed" in err and "not valid YAML" in err and "Traceback" not in err

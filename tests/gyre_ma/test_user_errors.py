@@ -1,0 +1,122 @@
+"""A user's broken code is named in one line; gyre-ma's own bugs keep their traceback.
+
+Measurement 4 of issue #18: a sub-policy returning None gave "int() argument must be a
+string ... not 'NoneType'" naming nothing; action 99 for Discrete(5) trained silently;
+every TypeError, gyre-ma's own bugs included, exited 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.cli import main
+from gyre_ma.envs.coverage.coverage import task_graph
+from gyre_ma.envs.registry import make_env
+from gyre_ma.options.errors import UserCodeError
+from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.option import Option
+from gyre_ma.rollout import action_check, run_episode
+
+
+def _library(policy, **option) -> OptionLibrary:
+    library = OptionLibrary("broken", task_graph(3, 9))
+    library.add(Option("wander", policy, None, done=lambda ctx: ctx.steps >= 3, max_steps=3, **option))
+    return library
+
+
+@pytest.mark.parametrize("action, expected", [
+    (None, "an integer in [0, 5)"), (99, "an integer in [0, 5)"), (True, "an integer"),
+    (float("nan"), "an integer"), (np.array([1, 2]), "an integer"), ("up", "an integer"),
+])
+def test_a_bad_action_names_the_option_the_agent_and_the_space(action, expected):
+    env = make_env("coverage_v0")
+    with pytest.raises(ValueError) as info:
+        run_episode(env, _library(lambda ctx: action), RandomManager(0), seed=1)
+    message = str(info.value)
+    assert "option 'wander'" in message and "agent 'agent_0'" in message and expected in message
+    assert run_episode(env, _library(lambda ctx: np.int64(2)), RandomManager(0), seed=1).length > 0  # fine
+
+
+def test_other_action_spaces_are_checked_by_their_own_contains():
+    from gymnasium import spaces
+
+    check = action_check(spaces.Box(-1.0, 1.0, shape=(2,)), "a")
+    assert check(np.zeros(2, dtype=np.float32), "move") is not None
+    for bad in (np.array([np.nan, 0.0], dtype=np.float32), np.ones(3, dtype=np.float32), None):
+        with pytest.raises(ValueError, match="option 'move' .*agent 'a'"):
+            check(bad, "move")
+
+
+def test_an_exception_in_a_sub_policy_or_predicate_names_it_and_the_users_line():
+    env = make_env("coverage_v0")
+
+    def broken_policy(ctx):
+        raise RuntimeError("my bug")
+
+    with pytest.raises(UserCodeError) as info:
+        run_episode(env, _library(broken_policy), RandomManager(0), seed=1)
+    message = str(info.value)
+    assert "broken_policy" in message and "option 'wander'" in message and "agent 'agent_0'" in message
+    assert "RuntimeError: my bug" in message and f"{__file__}:" in message
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+    def broken_initiation(ctx):
+        return 1 / 0
+
+    with pytest.raises(UserCodeError, match="initiation predicate .*broken_initiation of option 'wander'"):
+        run_episode(env, _library(lambda ctx: 0, initiation=broken_initiation), RandomManager(0), seed=1)
+
+
+def _write_user_module(tmp_path, body: str) -> None:
+    (tmp_path / "userlib.py").write_text(textwrap.dedent(body))
+
+
+def _config(tmp_path) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"name: broken\nenv: {{id: coverage_v0}}\nlibrary: 'userlib:make'\nrun_root: '{tmp_path}'\n"
+                    "train: {iterations: 1}\n")
+    return str(path)
+
+
+LIBRARY = """
+    from gyre_ma.envs.coverage.coverage import milestone, task_graph
+    from gyre_ma.options.library import OptionLibrary
+    from gyre_ma.options.option import Option
+
+    def wander(ctx):
+        {body}
+
+    def make():
+        library = OptionLibrary("broken", task_graph(3, 9))
+        for k in range(3):
+            library.add(Option(f"go_to_{k}", wander, milestone(k), max_steps=3))
+        return library
+"""
+
+
+def test_train_reports_a_users_error_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, LIBRARY.replace("{body}", "raise KeyError('inventory')"))
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    assert main(["train", _config(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "userlib.wander of option 'go_to_" in err and "KeyError" in err and "userlib.py:7" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bug_in_gyre_ma_keeps_its_traceback_and_says_so(tmp_path, monkeypatch, capsys):
+    import gyre_ma.loop
+
+    def buggy_init(self, *args, **kwargs):
+        return len(None)  # a TypeError inside gyre-ma, not a check of the user's input
+
+    monkeypatch.setattr(gyre_ma.loop.Gyre, "__init__", buggy_init)
+    path = tmp_path / "config.yaml"
+    path.write_text(f"name: bug\nenv: {{id: coverage_v0}}\nrun_root: '{tmp_path}'\ntrain: {{iterations: 1}}\n")
+    assert main(["train", str(path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "this is a bug in gyre-ma" in err

@@ -94,8 +94,13 @@ def make_library(env_id: str, env: Any, source: str | None = None,
     if source is not None:
         library = OptionLibrary.load(source, **kwargs)
     elif env_id in ENVIRONMENTS:
-        factory = functools.partial(resolve(ENVIRONMENTS[env_id].library, "library"), **kwargs)
-        library = _call(factory, f"library_kwargs (the {env_id} library)", env=env)
+        base = resolve(ENVIRONMENTS[env_id].library, "library")
+        try:
+            inspect.signature(base).bind_partial(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"library_kwargs: the {env_id} library rejected the arguments {sorted(kwargs)} "
+                             f"({exc})") from None
+        library = _call(functools.partial(base, **kwargs), f"library_kwargs (the {env_id} library)", env=env)
     else:
         raise ValueError(f"library: environment {env_id!r} has no built-in library; set 'library'")
     return library.validate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dis
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -97,16 +98,22 @@ def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
         if "=" not in pair:
             raise UsageError(f"--set: expected KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
-        try:
-            out[key] = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or type(exc).__name__
-            raise UsageError(f"--set {key}: the value {value[:100]!r} is not valid YAML ({problem}); quote a "
-                             f"string as --set {key}=\"'...'\"") from None
+        from gyre_ma.options.yaml_file import load_yaml
+
+        out[key] = load_yaml(value, f"--set {key}: the value {value[:100]!r}", UsageError)
     return out
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from gyre_ma.config import dump_config, load_config
+
+    overrides = _overrides(args.set)
+    if args.iterations is not None:
+        overrides["train.iterations"] = args.iterations
+    if args.run_root is not None:
+        overrides["run_root"] = args.run_root
+    config = load_config(args.config, overrides)  # a broken config fails before torch is imported
+
     import numpy as np
     from rich.progress import (
         BarColumn,
@@ -117,17 +124,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
 
     from gyre_ma.checkpoints import save_checkpoint
-    from gyre_ma.config import dump_config, load_config
     from gyre_ma.files import write_json, write_text
     from gyre_ma.loop import Gyre
     from gyre_ma.monitor import Monitor
 
-    overrides = _overrides(args.set)
-    if args.iterations is not None:
-        overrides["train.iterations"] = args.iterations
-    if args.run_root is not None:
-        overrides["run_root"] = args.run_root
-    config = load_config(args.config, overrides)
     run_dir = config.run_dir
     if args.resume:
         if not (run_dir / "checkpoints" / "manifest.json").is_file():  # checked before anything is made
@@ -181,13 +181,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "policy_version", "entropy", "kl", "checkpoint/rollbacks", "checkpoint/lr_scale"):
         if key in metrics:
             table.add_row(key, f"{metrics[key]:.4g}")
+    faults = {k: sum(row.get(k, 0.0) for row in monitor.history) for k in _FAULT_KEYS}
+    for key, total in faults.items():
+        table.add_row(f"{key} (this session)", f"{total:.4g}")
     console.print(table)
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
     ck = gyre.checkpoints
     if ck is not None and ck.best_score is not None:  # final.pt is the last policy; best.pt may be better
         console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} held-out episodes "
                       f"(evaluate it with gyre-ma eval {run_dir / 'checkpoints' / 'best.pt'})", markup=False)
-    write_json(run_dir / "summary.json", metrics)
+    write_json(run_dir / "summary.json", metrics | {f"{k}_total": v for k, v in faults.items()})
     lock.close()
     return 0
 
@@ -213,6 +216,11 @@ def _lock_run(run_dir: Path) -> Any:
     handle.write(f"pid {os.getpid()}")
     handle.flush()
     return handle
+
+
+_FAULT_KEYS = ("backend/restarts", "backend/timeouts", "backend/reissued", "backend/requeued", "backend/replaced",
+               "staleness/dropped")
+"""Faults survived, counted per iteration and summed over the session in the summary."""
 
 
 _BUDGET_KEYS = ("train.iterations", "run_root")
@@ -461,11 +469,16 @@ def _user_error(exc: BaseException) -> bool:
 
     if isinstance(exc, (UserCodeError, OSError)):
         return True
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
+    tb = exc.__traceback__
+    if tb is None:
         return True
-    last = frames[-1]
-    return _in_gyre_ma(last.filename) and (last.line or "").lstrip().startswith("raise")
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code  # the instruction that raised, not the source text (which may have changed)
+    return _in_gyre_ma(code.co_filename) and code.co_code[tb.tb_lasti] == _RAISE
+
+
+_RAISE = dis.opmap["RAISE_VARARGS"]
 
 
 def _in_gyre_ma(filename: str) -> bool:

@@ -24,8 +24,24 @@ class ConfigError(ValueError):
     """A user mistake in a config: one line naming the key, the value and what was expected."""
 
 
+MAX_COUNT = 10**7
+"""The largest count or size a config may give (iterations, episodes, widths, windows): a
+larger one is a typo, and would hang or exhaust memory rather than fail."""
+_LARGE_INTS = {"seed": 2**63 - 1, "store_max_bytes": 2**50}
+"""Integer keys with a larger range than :data:`MAX_COUNT`."""
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _bounded(cls, value: Any, info: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            limit = _LARGE_INTS.get(info.field_name, MAX_COUNT)
+            if abs(value) > limit:
+                raise ValueError(f"must be at most {limit:,}")
+        return value
 
 
 class EnvConfig(_Section):
@@ -472,7 +488,8 @@ def _format_error(err: dict[str, Any], model: type[BaseModel]) -> str:
         return f"'{path}': required key is missing"
     if not err["loc"]:  # a check across sections: the message names the keys and values
         return msg
-    return f"'{path}': {msg} (got {err['input']!r})"
+    got = repr(err["input"])
+    return f"'{path}': {msg} (got {got if len(got) <= 200 else got[:200] + '…'})"
 
 
 def parse_config(data: Any, source: str = "config") -> ExperimentConfig:

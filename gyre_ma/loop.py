@@ -201,11 +201,21 @@ class Gyre:
         alarms = self.rewards.alarms(metrics, i)
         metrics |= self.rewards.monitor.metrics() | {"alarms": float(len(alarms))}
         self.next_iteration = i + 1
+        metrics |= self._backend_counts()
         metrics |= {"env_steps": float(self.env_steps), "policy_version": float(self.version),
                     "rollout_seconds": rollout_s, "iteration_seconds": time.perf_counter() - start}
         if self.checkpoints is not None:
             self.checkpoints.save("latest", self.state_dict(), step=i)
         return (metrics, trajectories) if return_trajectories else metrics
+
+    def _backend_counts(self) -> dict[str, float]:
+        """The backend's fault counters (restarts, timeouts, re-issued and requeued
+        episodes, …) as this iteration's increments, so a resumed run logs what an
+        uninterrupted one would; ``backend/pending`` as it stands."""
+        stats = self.backend.stats()
+        seen = getattr(self, "_backend_seen", {})
+        self._backend_seen = stats
+        return {k: v if k == "backend/pending" else v - seen.get(k, 0.0) for k, v in stats.items()}
 
     # ---------------------------------------------------------------- state
     def _generators(self) -> dict[str, torch.Generator]:

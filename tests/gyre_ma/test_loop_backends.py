@@ -59,3 +59,28 @@ def test_train_cli_runs_the_same_config_on_ray(tmp_path):
     metrics = pd.read_csv(tmp_path / "minigrid_doorkey" / "metrics.csv")
     assert len(metrics) == 2 and metrics["env_steps"].iloc[-1] > 0
     assert metrics["success_rate"].iloc[-1] >= 0.75
+
+
+def test_faults_survived_on_ray_are_metrics_in_the_csv_and_the_summary(tmp_path):
+    """Measurement 9 of #18: five SIGKILLed actors were survived but recorded nowhere."""
+    import json
+
+    from gyre_ma.backends.faults import arm_faults
+
+    faults = tmp_path / "faults"
+    arm_faults(faults, 2, mode="raise", worker=0)
+    config = tmp_path / "faulty.yaml"
+    config.write_text(
+        "name: faulty\nenv: {id: 'gyre_ma.backends.faults:faulty_env', kwargs: {base: coverage_v0, "
+        f"fault_dir: '{faults}', at_step: 2}}}}\nlibrary: 'gyre_ma.envs.coverage.options:make_library'\n"
+        "train: {iterations: 2}\nroles: {evaluators: 0}\n"
+        "backend: {name: ray, workers: 2, ray_init: {num_cpus: 2, include_dashboard: false}}\n")
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),
+                          "--quiet"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = pd.read_csv(tmp_path / "faulty" / "metrics.csv")
+    restarts = metrics["backend/restarts"].sum()
+    assert restarts >= 1 and metrics["backend/reissued"].sum() >= restarts  # per iteration, not cumulative
+    summary = json.loads((tmp_path / "faulty" / "summary.json").read_text())
+    assert summary["backend/restarts_total"] == restarts
+    assert "backend/restarts (this session)" in out.stdout

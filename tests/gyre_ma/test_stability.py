@@ -82,7 +82,7 @@ def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_pa
     config = write_config(tmp_path, "fresh")
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),
                           "--quiet", "--resume"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "no latest checkpoint" in out.stderr
+    assert out.returncode == 2 and "nothing to resume" in out.stderr
     ok = train(config, tmp_path, "--iterations", "1")
     assert ok.wait(timeout=300) == 0
     again = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),

@@ -351,6 +351,25 @@ class CheckpointManager:
     def rollbacks(self) -> list[Rollback]:
         return [Rollback(**r) for r in self._manifest["rollbacks"]]
 
+    _DECISIONS = ("best_score", "best_episodes", "lr_scale", "rollbacks")
+
+    def decisions(self) -> dict[str, Any]:
+        """What validation decides from — the best score and its episodes, the LR scale,
+        the rollbacks so far — to be stored in the ``latest`` slot with the learner."""
+        return {k: json.loads(json.dumps(self._manifest.get(k))) for k in self._DECISIONS}
+
+    def restore_decisions(self, decisions: Mapping[str, Any]) -> None:
+        """Set the decision state back to what :meth:`decisions` stored (a resume): a kill
+        between a mid-iteration save (a new best, a rollback) and that iteration's
+        ``latest`` left the manifest one iteration ahead of the learner it resumes; the
+        iteration is then replayed and decides the same again."""
+        for k in self._DECISIONS:
+            self._manifest[k] = json.loads(json.dumps(decisions.get(k)))
+        self._manifest["lr_scale"] = float(self._manifest["lr_scale"] if self._manifest["lr_scale"] is not None
+                                           else 1.0)
+        self._manifest["rollbacks"] = self._manifest["rollbacks"] or []
+        self._write_manifest()
+
     def has(self, slot: Slot) -> bool:
         return slot in self._manifest["slots"]
 

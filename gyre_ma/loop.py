@@ -231,6 +231,7 @@ class Gyre:
             "buffer": self.buffer.state_dict() if self.buffer is not None else None,
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
             "config": self.config.model_dump(mode="json"),
+            "checkpoint_decisions": self.checkpoints.decisions() if self.checkpoints is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -258,5 +259,8 @@ class Gyre:
         gyre = cls(config, run_dir)
         if gyre.checkpoints is None or not gyre.checkpoints.has("latest"):
             raise ValueError(f"cannot resume: {str(run_dir)!r} has no latest checkpoint")
-        gyre.load_state_dict(gyre.checkpoints.load("latest"))
+        state = gyre.checkpoints.load("latest")
+        gyre.load_state_dict(state)
+        if state.get("checkpoint_decisions") is not None:  # written since session 10
+            gyre.checkpoints.restore_decisions(state["checkpoint_decisions"])
         return gyre

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 import yaml
 
@@ -22,6 +23,7 @@ from gyre_ma.stability import Stability, significant_drop
 
 ROOT = Path(__file__).resolve().parents[2]
 DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 
 def write_config(tmp_path: Path, name: str, base: Path = DOORKEY, **overrides) -> Path:
@@ -269,3 +271,42 @@ def test_validation_is_held_out_by_default_sampled_and_greedy(tmp_path):
     for m in metrics:
         assert {"validation/sampled_success", "validation/greedy_success", "validation/success_rate"} <= set(m)
     assert metrics[1]["validation/episodes"] == 2 * 2 * cfg.roles.evaluators  # pooled over the window
+
+
+def test_a_kill_between_a_new_best_and_the_latest_slot_resumes_to_the_same_decisions(tmp_path, monkeypatch):
+    """Issue #18, 6: a kill after validation saved a new best but before the iteration's
+    latest slot left the manifest's best score one iteration ahead, so the resumed run's
+    validation decided differently from an uninterrupted one."""
+    overrides = {"train.iterations": 7, "checkpoints.min_validation_episodes": 8, "train.episodes_per_iteration": 8}
+    straight = Gyre(load_config(QUICKSTART, overrides), tmp_path / "straight")
+    history, best_scores = [], []
+    for i in range(7):
+        history.append(straight.iteration(i))
+        best_scores.append(straight.checkpoints.best_score)
+    straight.close()
+    bests = [i for i in range(1, 7) if best_scores[i] != best_scores[i - 1]]
+    assert bests, f"no new best to kill after: {best_scores}"
+    kill_at = bests[-1]
+    run = Gyre(load_config(QUICKSTART, overrides), tmp_path / "killed")
+    for i in range(kill_at):
+        run.iteration(i)
+    real_save = run.checkpoints.save
+
+    def die_before_latest(slot, state, **kwargs):
+        if slot == "latest":
+            raise KeyboardInterrupt("killed")  # the process dies here: best is saved, latest is not
+        return real_save(slot, state, **kwargs)
+
+    monkeypatch.setattr(run.checkpoints, "save", die_before_latest)
+    with pytest.raises(KeyboardInterrupt):
+        run.iteration(kill_at)
+    run.close()
+    resumed = Gyre.resume(load_config(QUICKSTART, overrides), tmp_path / "killed")
+    # the decisions are those of the iteration resumed at, not the killed one's new best
+    assert resumed.checkpoints.best_score == best_scores[kill_at - 1] != best_scores[kill_at]
+    again = [resumed.iteration(i) for i in range(kill_at, 7)]
+    resumed.close()
+    def timeless(rows):
+        return [{k: repr(v) for k, v in row.items() if not k.endswith("seconds")} for row in rows]
+
+    assert timeless(again) == timeless(history[kill_at:])

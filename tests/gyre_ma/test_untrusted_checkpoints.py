@@ -146,5 +146,10 @@ def test_eval_finds_the_checkpoint_of_a_run_directory_or_config(tmp_path, capsys
     assert "trusting the config" in out and "gyre_ma.envs.minigrid_doorkey:make_env" in out
     assert main(["eval", str(run_dir / "checkpoints" / "latest.pt"), "--episodes", "1", "--config", str(DOORKEY)]) == 0
     assert "trusting" not in capsys.readouterr().out  # the user's own config: nothing to trust
+    own = tmp_path / "own.yaml"
+    own.write_text(DOORKEY.read_text() + f"\nrun_root: '{tmp_path}'\n")
+    assert main(["eval", str(own), "--episodes", "1"]) == 0  # a config: its run's checkpoint, with that config
+    out = capsys.readouterr().out
+    assert f"evaluating {run_dir / 'checkpoints' / 'final.pt'}" in out and "trusting" not in out
     assert main(["eval", str(tmp_path), "--episodes", "1"]) == 2
     assert "holds no checkpoint" in capsys.readouterr().err

@@ -79,6 +79,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- storable state
 _NDARRAY, _GENERATOR = "__gyre_ndarray__", "__gyre_numpy_generator__"
+_SLOT_FILE = re.compile(r"^[a-z_]+-[0-9a-f]{16}\.pt$")
+"""A slot file's name as the manager writes it (``<slot>-<hash16>.pt``), in its own folder."""
 _BIT_GENERATORS = frozenset({"PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"})
 
 
@@ -309,6 +311,11 @@ class CheckpointManager:
             data = json.loads(path.read_text())
             if not isinstance(data, dict) or not isinstance(data.get("slots"), dict):
                 raise ValueError("no 'slots' mapping")
+            for slot, record in data["slots"].items():  # a slot names a file in this folder, nothing else
+                name = record.get("file") if isinstance(record, dict) else None
+                if slot not in SLOTS or not isinstance(name, str) or not _SLOT_FILE.match(name):
+                    raise ValueError(f"slot {str(slot)[:50]!r} names {str(name)[:100]!r}, not a slot file of this "
+                                     "folder")
         except (ValueError, json.JSONDecodeError) as exc:
             raise ValueError(f"checkpoint manifest {str(path)!r} cannot be read ({exc})") from None
         return data

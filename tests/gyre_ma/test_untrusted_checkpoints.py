@@ -153,3 +153,37 @@ def test_eval_finds_the_checkpoint_of_a_run_directory_or_config(tmp_path, capsys
     assert f"evaluating {run_dir / 'checkpoints' / 'final.pt'}" in out and "trusting" not in out
     assert main(["eval", str(tmp_path), "--episodes", "1"]) == 2
     assert "holds no checkpoint" in capsys.readouterr().err
+
+
+def test_a_manifest_pointing_outside_the_run_directory_is_refused(tmp_path):
+    import json
+
+    from gyre_ma.checkpoints import CheckpointManager
+
+    outside = tmp_path / "outside.pt"
+    save_checkpoint(outside, {"policy": {}, "config": {}})
+    folder = tmp_path / "run" / "checkpoints"
+    manager = CheckpointManager(folder)
+    manager.save("latest", {"policy": {}, "config": {}}, step=0)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for evil in ("../../outside.pt", str(outside), "latest.pt/../../outside.pt"):
+        manifest["slots"]["latest"]["file"] = evil
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ValueError, match="not a slot file of this folder"):
+            CheckpointManager(folder)
+    assert outside.is_file()  # a crafted manifest made nothing delete or move it
+
+
+def test_a_checkpoint_zip_with_extra_members_runs_none_of_them(state, tmp_path):
+    import zipfile
+
+    marker = tmp_path / "MARKER"
+    path = save_checkpoint(tmp_path / "ck.pt", state)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("archive/evil.py", f"import os; os.system('touch {marker}')\n")
+        archive.writestr("archive/data.pkl.bak", pickle.dumps(_Touch(marker)))
+    try:
+        load_checkpoint(path)  # torch reads the members it knows; loading may succeed or refuse
+    except ValueError:
+        pass
+    assert not marker.exists()

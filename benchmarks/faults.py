@@ -274,33 +274,36 @@ def kills(workdir: Path, n: int, iterations: int, seed: int) -> dict[str, Any]:
 
     rng = np.random.default_rng(seed)
     base = [sys.executable, "-m", "gyre_ma.cli", "train", str(DOORKEY), "--iterations", str(iterations), "--quiet"]
-    clean_root, killed_root = workdir / "clean", workdir / "killed"
-    subprocess.run(base + ["--run-root", str(clean_root)], check=True, capture_output=True, timeout=1800)
+    clean_root = workdir / "clean"
     start = time.perf_counter()
-    subprocess.run(base + ["--run-root", str(workdir / "timing")], check=True, capture_output=True, timeout=1800)
+    subprocess.run(base + ["--run-root", str(clean_root)], check=True, capture_output=True, timeout=1800)
     duration = time.perf_counter() - start
-    done, killed, resumes = False, 0, 0
-    for attempt in itertools.count():
-        resume = attempt > 0 and (killed_root / "minigrid_doorkey" / "checkpoints" / "manifest.json").is_file()
-        proc = subprocess.Popen(base + ["--run-root", str(killed_root)] + (["--resume"] if resume else []),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        resumes += resume
-        try:
-            proc.wait(timeout=float(rng.uniform(1.0, duration)) if killed < n else 1800)
-            if proc.returncode == 0:
-                done = True
-                break
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            killed += 1
-    rows = [int(float(r)) for r in _column(killed_root / "minigrid_doorkey" / "metrics.csv", "iteration")]
     clean = load_checkpoint(clean_root / "minigrid_doorkey" / "checkpoints" / "final.pt")["policy"]
-    final = load_checkpoint(killed_root / "minigrid_doorkey" / "checkpoints" / "final.pt")["policy"]
-    same = all(torch.equal(clean[k], final[k]) for k in clean)
-    return {"kills": killed, "resumes": resumes, "finished": done, "iterations": iterations,
-            "rows_lost": len(set(range(iterations)) - set(rows)), "rows_duplicated": len(rows) - len(set(rows)),
-            "final_parameters_equal_uninterrupted": bool(same)}
+    killed = resumes = rows_lost = rows_duplicated = runs = unequal = 0
+    while killed < n:  # runs killed and resumed until done, each compared with the clean one
+        root = workdir / f"killed_{runs}"
+        runs += 1
+        for attempt in itertools.count():
+            resume = (root / "minigrid_doorkey" / "checkpoints" / "manifest.json").is_file()
+            proc = subprocess.Popen(base + ["--run-root", str(root)] + (["--resume"] if resume else []),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            resumes += resume
+            try:
+                proc.wait(timeout=float(rng.uniform(1.0, duration)) if killed < n else 1800)
+                if proc.returncode == 0:
+                    break
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                killed += 1
+        rows = [int(float(r)) for r in _column(root / "minigrid_doorkey" / "metrics.csv", "iteration")]
+        rows_lost += len(set(range(iterations)) - set(rows))
+        rows_duplicated += len(rows) - len(set(rows))
+        final = load_checkpoint(root / "minigrid_doorkey" / "checkpoints" / "final.pt")["policy"]
+        unequal += not all(torch.equal(clean[k], final[k]) for k in clean)
+    return {"kills": killed, "resumes": resumes, "runs": runs, "iterations_per_run": iterations,
+            "rows_lost": rows_lost, "rows_duplicated": rows_duplicated,
+            "runs_whose_final_parameters_differ_from_uninterrupted": unequal}
 
 
 def _column(path: Path, name: str) -> list[str]:

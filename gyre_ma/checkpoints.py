@@ -482,6 +482,8 @@ class CheckpointManager:
         learner saves ``latest`` at the end of every iteration, before the next update), which
         is copied as it is."""
         large = self.is_large_update(kl=kl, step_size=step_size)
+        if large and pre_update_state is None and not self.has("latest"):
+            return large  # the run's first update: no earlier state was stored to keep
         if large:
             metrics = {k: v for k, v in (("kl", kl), ("step_size", step_size)) if v is not None}
             if pre_update_state is None:

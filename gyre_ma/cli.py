@@ -136,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         lock = _lock_run(run_dir)
         change = _config_change(run_dir, config, force=args.force_config)
         gyre = Gyre.resume(config, run_dir)
-        if gyre.next_iteration >= config.train.iterations:
+        if gyre.next_iteration >= config.train.iterations and (run_dir / "checkpoints" / "final.pt").is_file():
             gyre.close()
             console.print(f"run {config.name!r} has already done its {config.train.iterations} iterations "
                           f"(checkpoints in {run_dir / 'checkpoints'}); raise --iterations to train it further",

@@ -248,3 +248,13 @@ def test_one_serialisation_fills_several_slots(tmp_path, monkeypatch):
     manager.save(("best", "latest"), {"policy": model.state_dict()}, step=1)
     assert len(calls) == 1 and manager.has("best") and manager.has("latest")
     assert torch.equal(manager.load("best")["policy"]["weight"], model.weight)
+
+
+def test_a_large_first_update_before_any_latest_slot_does_not_fail(tmp_path):
+    """The generalisation benchmark crashed ('latest' is empty) on a run whose very first
+    update was large: there is no earlier state to keep, and that is no error."""
+    manager = CheckpointManager(tmp_path, large_update_kl=0.01)
+    assert manager.after_update(None, kl=1.0, step=0) is True
+    assert not manager.has("pre_update")
+    manager.save("latest", {"w": torch.zeros(1)}, step=0)
+    assert manager.after_update(None, kl=1.0, step=1) and manager.has("pre_update")

@@ -67,3 +67,11 @@ def test_a_set_value_that_is_not_yaml_names_the_key(tmp_path, capsys):
     assert train(tmp_path, "--set", "seed=[1") == 2
     err = capsys.readouterr().err
     assert "--set seed" in err and "not valid YAML" in err and "Traceback" not in err
+
+
+def test_a_run_killed_after_its_last_iteration_but_before_final_pt_finishes_on_resume(tmp_path, capsys):
+    assert train(tmp_path, "--iterations", "1") == 0
+    final = tmp_path / "minigrid_doorkey" / "checkpoints" / "final.pt"
+    final.unlink()  # as if killed between the last latest slot and final.pt
+    assert train(tmp_path, "--resume", "--iterations", "1") == 0
+    assert final.is_file()

@@ -8,6 +8,7 @@ choice becomes an :class:`OptionCall`; an episode becomes a :class:`Trajectory`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 import types
@@ -266,15 +267,13 @@ def run_episode(
                     finally:
                         watch.option_deadline = math.inf
                         run.spent += time.perf_counter() - started
-                    if action is OptionTimeout or run.spent > option_limit:
-                        _timed_out(traj, run, option_limit)
+                    timed_out = action is OptionTimeout or run.spent > option_limit
+                    if timed_out or action is CANNOT_PROCEED:  # the call ends without a step
+                        if timed_out:
+                            _timed_out(traj, run, option_limit)
                         set_aside.add(run.call.option)
                         running[a] = None
-                        end(run, False, False, Termination.TIMEOUT)
-                    elif action is CANNOT_PROCEED:
-                        set_aside.add(run.call.option)
-                        running[a] = None
-                        end(run, False, False, Termination.BLOCKED)
+                        end(run, False, False, Termination.TIMEOUT if timed_out else Termination.BLOCKED)
                     else:
                         actions[a] = checks[a](action, run.option.name)
                 if traj.dead_ends:
@@ -452,8 +451,9 @@ RECORD_TYPES = ("gyre_ma.rollout:Trajectory", "gyre_ma.roles:RoleTrajectory",
 module."""
 
 
+@functools.lru_cache(maxsize=1)
 def record_types() -> dict[str, type]:
-    """:data:`RECORD_TYPES`, imported."""
+    """:data:`RECORD_TYPES`, imported (once: a buffer's load revives every call's breakdown)."""
     from gyre_ma.options.library import resolve
 
     return {name: resolve(name, "record type") for name in RECORD_TYPES}

@@ -46,8 +46,6 @@ class Watchdog:
     def __init__(self) -> None:
         self.option_deadline = math.inf
         self.episode_deadline = math.inf
-        self.armed = False
-        """Whether a stuck call can be interrupted (the handler is installed)."""
         self._fired: type[BaseException] | None = None
         self._thread: threading.Thread | None = None
         self._main = threading.main_thread().ident
@@ -60,7 +58,6 @@ class Watchdog:
         if not hasattr(signal, "pthread_kill"):
             return
         signal.signal(signal.SIGUSR2, self._handler)
-        self.armed = True
         self._thread = threading.Thread(target=self._watch, name="gyre-ma-watchdog", daemon=True)
         self._thread.start()
 

@@ -429,7 +429,19 @@ class TrajectoryBuffer:
                                        for tid, e in self._entries.items()}},
         }
 
+    def rewind_to(self, state: Mapping[str, Any]) -> None:
+        """After :meth:`load_state_dict` of the checkpoint a killed run resumes from: what
+        the run wrote to the store after that checkpoint is dropped (the resumed run plays
+        it again), and the id sequence and seen milestones are the checkpoint's, as if the
+        run had never gone past it."""
+        if self.store is not None:
+            self.store.discard_from(int(state["next_id"]))
+        self._next_id = int(state["next_id"])
+        self.seen_milestones = set(state["seen_milestones"])
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load a checkpoint's state (a rollback within a run: ids and seen milestones
+        move on from both; see :meth:`rewind_to` for a run restarted from disk)."""
         self._next_id = max(int(state["next_id"]), self._next_id)
         self.seen_milestones |= set(state["seen_milestones"])
         stats = {k: v for k, v in state["stats"].items() if k != "aborted"}  # older checkpoints

@@ -261,6 +261,8 @@ class Gyre:
             raise ValueError(f"cannot resume: {str(run_dir)!r} has no latest checkpoint")
         state = gyre.checkpoints.load("latest")
         gyre.load_state_dict(state)
+        if gyre.buffer is not None and state.get("buffer") is not None:
+            gyre.buffer.rewind_to(state["buffer"])  # the store forgets what the killed run wrote after it
         if state.get("checkpoint_decisions") is not None:  # written since session 10
             gyre.checkpoints.restore_decisions(state["checkpoint_decisions"])
         return gyre

@@ -1,10 +1,11 @@
-"""Monitor: per-iteration metrics to ``metrics.csv`` (written atomically) and, through
-Lightning Fabric's ``TensorBoardLogger``, to TensorBoard in the run directory."""
+"""Monitor: per-iteration metrics to ``metrics.csv`` (one durable append per row) and,
+through Lightning Fabric's ``TensorBoardLogger``, to TensorBoard in the run directory."""
 
 from __future__ import annotations
 
 import csv
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,14 @@ from gyre_ma.files import atomic_write
 
 
 class Monitor:
-    """Logs one row per iteration to ``metrics.csv`` in the run directory (rewritten
-    atomically; a key that first appears later widens the header, earlier rows left
-    empty) and to Fabric's ``TensorBoardLogger`` (``tensorboard/``). The x-axis is the step given
-    to :meth:`log`, env steps in ``gyre-ma train`` (the CSV's ``step`` column)."""
+    """Logs one row per iteration to ``metrics.csv`` in the run directory and to Fabric's
+    ``TensorBoardLogger`` (``tensorboard/``). The x-axis is the step given to :meth:`log`,
+    env steps in ``gyre-ma train`` (the CSV's ``step`` column).
+
+    A row is appended in one ``write`` and fsynced, so logging costs O(row), not O(file).
+    The file is rewritten whole (atomically: temp file, fsync, rename) only when a key
+    first appears later and widens the header (earlier rows left empty) and when the
+    monitor opens an existing file; a kill at any moment leaves every complete row."""
 
     def __init__(self, run_dir: str | Path, *, resume_at: int | None = None) -> None:
         """``resume_at``: keep the rows of iterations before it (a resumed run rewrites
@@ -28,30 +33,52 @@ class Monitor:
         self.csv_path = self.run_dir / "metrics.csv"
         self.rows: list[dict[str, str]] = []
         """Every row of ``metrics.csv`` as text, in iteration order."""
+        self.columns: list[str] = []
+        """The header: every key logged so far, in order of first appearance."""
         if resume_at is not None and self.csv_path.exists():
-            with self.csv_path.open(newline="") as f:
-                self.rows = [row for row in csv.DictReader(f) if float(row["iteration"]) < resume_at]
-        self._write_csv()
+            names, rows = _read_csv(self.csv_path)
+            self.rows = [row for row in rows if float(row["iteration"]) < resume_at]
+            self.columns = names if self.rows else []
+        self._rewrite_csv()
         self.tensorboard = TensorBoardLogger(self.run_dir, name="tensorboard", version="", default_hp_metric=False)
         self.history: list[dict[str, float]] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """One iteration's metrics to every logger at ``step``; ``metrics.csv`` is written now."""
         self.history.append(dict(metrics))
-        self.rows.append({"step": str(step)} | {k: repr(float(v)) for k, v in metrics.items()})
-        self._write_csv()
+        row = {"step": str(step)} | {k: repr(float(v)) for k, v in metrics.items()}
+        self.rows.append(row)
+        if row.keys() - set(self.columns):
+            self.columns += [k for k in row if k not in self.columns]
+            self._rewrite_csv()
+        else:
+            self._append_csv(row)
         self.tensorboard.log_metrics(metrics, step=step)
 
-    def _write_csv(self) -> None:
-        """Rewrite ``metrics.csv`` whole, atomically (temp file, fsync, rename): a kill at any
-        moment leaves the previous complete file, never a truncated one or one missing the
-        rows a resume read back. A key that first appears later widens the header."""
-        columns = list(dict.fromkeys(k for row in self.rows for k in row))
+    def _csv_text(self, rows: list[dict[str, str]], *, header: bool) -> bytes:
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(self.rows)
-        atomic_write(self.csv_path, out.getvalue().encode())
+        writer = csv.DictWriter(out, fieldnames=self.columns, lineterminator="\n")
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue().encode()
+
+    def _rewrite_csv(self) -> None:
+        """Every row, whole and atomically: a kill leaves the previous complete file."""
+        atomic_write(self.csv_path, self._csv_text(self.rows, header=bool(self.columns)))
+
+    def _append_csv(self, row: dict[str, str]) -> None:
+        """One row in one ``write`` on an ``O_APPEND`` descriptor, then fsync. A write cut
+        short (power loss, full disk) leaves a last line without its newline, which
+        :func:`_read_csv` drops."""
+        data = self._csv_text([row], header=False)
+        fd = os.open(self.csv_path, os.O_WRONLY | os.O_APPEND)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(f"{self.csv_path}: short write appending a metrics row (is the disk full?)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def spot_check(self, iteration: int, trajectories: list, library: Any, n: int,
                    rng: np.random.Generator) -> Path | None:
@@ -128,11 +155,20 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and complete rows of a ``metrics.csv``: a last line without its newline
+    (a write that was cut short) is dropped, not read as a row with missing values."""
+    with Path(path).open(newline="") as f:
+        text = f.read()
+    if not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = list(reader)
+    return list(reader.fieldnames or []), rows
+
+
 def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
     """``metrics.csv`` as one float array per column (NaN where a row has no value)."""
-    with Path(path).open(newline="") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        names = reader.fieldnames or []
+    names, rows = _read_csv(Path(path))
     return {name: np.array([float(r[name]) if r.get(name) not in (None, "") else np.nan for r in rows])
             for name in names}

@@ -248,6 +248,37 @@ class TrajectoryStore:
             for tid in oldest.ids:
                 del self._summaries[tid]
 
+    def discard_from(self, traj_id: int) -> list[int]:
+        """Delete every trajectory with an id of ``traj_id`` or more, staged or written;
+        returns the ids deleted. A resumed run calls it with the id sequence of the
+        checkpoint it resumes from, so the trajectories a killed run wrote after that
+        checkpoint (and will play again) are not held twice.
+
+        Whole chunks go, trajectories file first; a checkpoint flushes the store, so a
+        chunk never holds ids from both sides of one."""
+        gone = [tid for tid in self._staged_ids if tid >= traj_id]
+        keep = [k for k, tid in enumerate(self._staged_ids) if tid < traj_id]
+        self._staged = [self._staged[k] for k in keep]
+        self._staged_ids = [self._staged_ids[k] for k in keep]
+        for number, chunk in list(self._chunks.items()):
+            after = [tid for tid in chunk.ids if tid >= traj_id]
+            if not after:
+                continue
+            if len(after) < len(chunk.ids):
+                raise ValueError(f"trajectory store {str(self.root)!r}: chunk {number} holds trajectories "
+                                 f"{min(chunk.ids)}–{max(chunk.ids)}, on both sides of {traj_id}; "
+                                 "it was not written by this run's checkpoints")
+            for kind in ("trajectories", "calls", "steps"):
+                self._path(kind, number).unlink()
+            del self._chunks[number]
+            gone += after
+        if gone and self.fsync:
+            for kind in KINDS:
+                fsync_dir(self.root / kind)
+        for tid in gone:
+            del self._summaries[tid]
+        return sorted(gone)
+
     # ----------------------------------------------------------- reading
     def __len__(self) -> int:
         return len(self._summaries)

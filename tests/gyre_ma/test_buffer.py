@@ -323,6 +323,22 @@ def test_store_evicts_the_oldest_chunks_past_max_bytes(tmp_path):
         assert store.chunks == [6] and TrajectoryBuffer(store=store)._next_id == 7
 
 
+def test_discard_from_drops_later_chunks_and_staged_trajectories_and_refuses_to_split_a_chunk(tmp_path):
+    with TrajectoryStore(tmp_path, max_bytes=None, fsync=False) as store:
+        for tid in range(4):
+            store.append(tid, make_traj([(0, 1, 2, "a")], seed=tid))
+            if tid in (1, 2):
+                store.flush()  # chunks [0, 1] and [2]; 3 stays staged
+        assert store.discard_from(2) == [2, 3]
+        assert store.ids() == [0, 1] and store.chunks == [0]
+        assert files(tmp_path, "trajectories") == ["000000.parquet"]
+        with pytest.raises(ValueError, match=r"chunk 0 holds trajectories 0–1, on both sides of 1"):
+            store.discard_from(1)
+        assert store.ids() == [0, 1]
+    with TrajectoryStore(tmp_path, fsync=False) as store:
+        assert store.ids() == [0, 1]
+
+
 def test_store_rejects_bad_input_and_a_second_writer(tmp_path):
     with pytest.raises(ValueError, match=r"`max_bytes` \(0\) must be >= 1 or None"):
         TrajectoryStore(tmp_path, max_bytes=0)

@@ -105,3 +105,34 @@ def test_metrics_rows_survive_kills_at_random_moments(tmp_path):
         logged = [int(float(r["iteration"])) for r in rows(tmp_path / "metrics.csv")]
         assert logged == list(range(len(logged))), logged  # every iteration once, in order, from 0
     assert kills >= 50 and len(logged) > 0
+
+
+def test_a_row_cut_short_is_dropped_and_the_next_rows_follow_it(tmp_path):
+    monitor = Monitor(tmp_path)
+    for i in range(3):
+        monitor.log(iteration(i), step=100 * (i + 1))
+    monitor.close()
+    path = tmp_path / "metrics.csv"
+    text = path.read_text()
+    path.write_text(text + "3.0,400,0.3")  # a fourth row whose write was cut short: no newline
+    assert read_metrics(path)["iteration"].tolist() == [0.0, 1.0, 2.0]
+    monitor = Monitor(tmp_path, resume_at=3)
+    monitor.log(iteration(3), step=400)
+    monitor.close()
+    assert [r["iteration"] for r in rows(path)] == ["0.0", "1.0", "2.0", "3.0"]
+    assert rows(path)[3]["episode_length"] == "47.0"  # the whole row, not the torn one
+
+
+def test_a_row_with_the_same_keys_is_appended_not_the_file_rewritten(tmp_path, monkeypatch):
+    import gyre_ma.monitor as monitor_module
+
+    monitor = Monitor(tmp_path)
+    monitor.log(iteration(0), step=100)
+    rewrites = []
+    monkeypatch.setattr(monitor_module, "atomic_write", lambda *a, **k: rewrites.append(a))
+    for i in range(1, 5):
+        monitor.log(iteration(i), step=100 * (i + 1))
+    assert rewrites == []
+    monitor.log(iteration(5, **{"new/key": 1.0}), step=600)  # a new key widens the header: one rewrite
+    assert len(rewrites) == 1
+    monitor.close()

@@ -20,6 +20,7 @@ from gyre_ma.checkpoints import load_checkpoint
 from gyre_ma.config import load_config
 from gyre_ma.loop import Gyre
 from gyre_ma.stability import Stability, significant_drop
+from gyre_ma.store import TrajectoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
@@ -184,6 +185,37 @@ def test_resume_restores_the_buffer_pools_so_elite_mixing_continues_identically(
     for key, value in straight.policy.state_dict().items():
         assert torch.equal(value, resumed.policy.state_dict()[key]), key
     assert straight.buffer.metrics() == resumed.buffer.metrics()
+
+
+def test_a_resume_drops_what_the_killed_run_stored_after_its_checkpoint(tmp_path):
+    """Killed after the store wrote iteration 2's trajectories but before the latest slot
+    recorded iteration 2: the resumed run plays iteration 2 again, and its store ends
+    with the uninterrupted run's trajectories, each once."""
+    import shutil
+
+    overrides = {"buffer.enabled": True, "train.iterations": 4}
+    straight = Gyre(load_config(DOORKEY, overrides), tmp_path / "straight")
+    for i in range(4):
+        straight.iteration(i)
+    straight.close()
+    first = Gyre(load_config(DOORKEY, overrides), tmp_path / "split")
+    for i in range(2):
+        first.iteration(i)
+    shutil.copytree(tmp_path / "split" / "checkpoints", tmp_path / "at_2")
+    first.iteration(2)
+    first.close()
+    shutil.rmtree(tmp_path / "split" / "checkpoints")
+    shutil.copytree(tmp_path / "at_2", tmp_path / "split" / "checkpoints")  # the slot of iteration 2 never landed
+    resumed = Gyre.resume(load_config(DOORKEY, overrides), tmp_path / "split")
+    assert resumed.next_iteration == 2
+    for i in range(2, 4):
+        resumed.iteration(i)
+    resumed.close()
+    columns = ["traj_id", "task_seed", "length", "success"]
+    tables = [TrajectoryStore(tmp_path / run / "buffer" / "store").table("trajectories").select(columns).to_pylist()
+              for run in ("straight", "split")]
+    assert len(tables[1]) == len({r["traj_id"] for r in tables[1]}) > 0
+    assert tables[1] == tables[0]
 
 
 # ---------------------------------------------------------------- rollback that cannot freeze a run

@@ -30,6 +30,7 @@ from pettingzoo.utils.conversions import aec_to_parallel, turn_based_aec_to_para
 
 from gyre_ma.envs.base import NumericView
 from gyre_ma.envs.checks import describe
+from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import reference, resolve
 
@@ -218,19 +219,13 @@ class GyreAdapter(ParallelEnv):
                 self._achieved.add(name)
 
     def _run_detector(self, name: str, detector: Detector, raw: Any, where: str) -> bool:
+        what = f"{self.metadata['name']}: {where}: detector {callable_name(detector)} for milestone {name!r}"
         try:
             fired = detector(raw)
         except Exception as exc:
-            raise ValueError(
-                f"{self.metadata['name']}: {where}: detector for milestone {name!r} raised "
-                f"{type(exc).__name__}: {exc}; a detector must return a bool read from the "
-                f"unwrapped env ({type(raw).__name__})"
-            ) from exc
+            raise UserCodeError(f"{what} (a predicate over the unwrapped {type(raw).__name__})", exc) from exc
         if not isinstance(fired, (bool, np.bool_)):
-            raise ValueError(
-                f"{self.metadata['name']}: {where}: detector for milestone {name!r} returned "
-                f"{fired!r} ({type(fired).__name__}); expected a bool"
-            )
+            raise UserCodeError(what, TypeError(f"returned {fired!r} ({type(fired).__name__}); expected a bool"))
         return bool(fired)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dis
+import errno
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -451,10 +452,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         text = " ".join(str(exc).split())
         text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + "… (cut; --debug shows all)"
+        if args.command == "train" and isinstance(exc, OSError) and exc.errno in _STORAGE_FULL_OR_LOCKED:
+            text += ("; the run keeps every iteration it completed: make room (or make the run root writable) "
+                     "and rerun with --resume")
         err_console.print(f"gyre-ma {args.command}: error: {text}", markup=False, soft_wrap=True)
         return 2
 
 
+_STORAGE_FULL_OR_LOCKED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+"""Storage errors after which a run can continue with ``--resume`` once they are fixed."""
 _MAX_ERROR = 2000
 """Characters of an error line; an error that echoes a huge input is cut."""
 

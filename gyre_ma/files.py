@@ -28,11 +28,19 @@ def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's error names no file: name it
+            raise named(exc, path) from exc
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def named(exc: OSError, path: Path) -> OSError:
+    """``exc`` (a full disk, a size limit …) as an ``OSError`` of the same errno that names
+    ``path``, the file being written."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -4,6 +4,7 @@ through Lightning Fabric's ``TensorBoardLogger``, to TensorBoard in the run dire
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 from lightning.fabric.loggers import TensorBoardLogger
 
-from gyre_ma.files import atomic_write
+from gyre_ma.files import atomic_write, named
 
 
 class Monitor:
@@ -75,8 +76,10 @@ class Monitor:
         fd = os.open(self.csv_path, os.O_WRONLY | os.O_APPEND)
         try:
             if os.write(fd, data) != len(data):
-                raise OSError(f"{self.csv_path}: short write appending a metrics row (is the disk full?)")
+                raise OSError(errno.ENOSPC, "short write appending a metrics row", str(self.csv_path))
             os.fsync(fd)
+        except OSError as exc:
+            raise (named(exc, self.csv_path) if exc.filename is None else exc) from exc
         finally:
             os.close(fd)
 

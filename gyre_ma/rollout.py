@@ -196,6 +196,7 @@ def run_episode(
     hooks = [h for h in (on_option_end, getattr(manager, "option_end", None)) if callable(h)]
     attribute = getattr(env, "milestone_agent", None)
     attribute = attribute if callable(attribute) else None
+    users_manager = not type(manager).__module__.startswith("gyre_ma.")
     if callable(getattr(manager, "episode_start", None)):
         manager.episode_start(env, seed)
 
@@ -215,7 +216,12 @@ def run_episode(
             return None
         others = tuple(r.call.option for b in env.agents if b != agent and (r := running.get(b)) is not None)
         d = Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others)
-        choices = manager.decide([d])
+        try:
+            choices = manager.decide([d])
+        except Exception as exc:
+            if not users_manager:  # gyre-ma's own managers: a bug keeps its traceback
+                raise
+            raise UserCodeError(f"manager {callable_name(manager.decide)} (agent {agent!r}, step {step})", exc) from exc
         if len(choices) != 1:
             raise ValueError(f"manager {type(manager).__name__}.decide returned {len(choices)} choices for "
                              "1 decision; expected one Choice per Decision")

@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gyre_ma.envs.base import unwrap
+from gyre_ma.options.errors import UserCodeError, callable_name, user_frame
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import resolve
 from gyre_ma.options.yaml_file import read_yaml
@@ -319,7 +320,14 @@ class RuleEngine:
     def on_option_end(self, call: OptionCall, env: Any) -> None:
         """Rollout hook: the call just ended and ``env`` is in the state it left."""
         if self.needs_option_end:
-            self.record(call, self.snapshot(env))
+            self.record(call, self._snapshot(env))
+
+    def _snapshot(self, env: Any) -> dict[str, Any]:
+        """The state the rules read; the user's snapshot function is named if it raises."""
+        try:
+            return self.snapshot(env)
+        except Exception as exc:
+            raise UserCodeError(f"rule state snapshot {callable_name(self.snapshot)}", exc) from exc
 
     def record(self, call: OptionCall, state: Mapping[str, Any]) -> None:
         self._pending[id(call)] = (call, state)
@@ -333,7 +341,7 @@ class RuleEngine:
         pending, self._pending = self._pending, {}
         if not self.active:
             return RuleResults.empty(n)
-        final = StateView(self.snapshot(env))
+        final = StateView(self._snapshot(env))
         last = set(last_calls(trajectory))
         firsts = first_verified(trajectory)
         states: list[Mapping[str, Any]] | None = None
@@ -411,7 +419,9 @@ class RuleEngine:
         except UnknownStateKey as exc:
             raise _Broken(f"rule {rule.name!r} ({rule.when}): {exc}") from None
         except Exception as exc:
-            raise _Broken(f"rule {rule.name!r} ({rule.when}): check raised {type(exc).__name__}: {exc}") from None
+            where = user_frame(exc)
+            raise _Broken(f"rule {rule.name!r} ({rule.when}): check raised {type(exc).__name__}: {exc}"
+                          + (f" (at {where})" if where else "")) from None
         if not isinstance(result, (bool, np.bool_)):
             raise _Broken(f"rule {rule.name!r} ({rule.when}): check returned {result!r}, expected a bool")
         return bool(result)

@@ -40,6 +40,8 @@ class Learner:
             policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef))
         self.critic_module = self.fitter.setup(
             CriticModule(critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
+        self.lrs = (t.lr, t.critic_lr)
+        """The configured learning rates of the manager and the critic, before any rollback's cut."""
         self.generator = torch.Generator().manual_seed(config.seed)
         """Shuffles minibatches; part of the learner's state, so a resumed run draws the same."""
         self.critic_initialised = False
@@ -83,6 +85,10 @@ class Learner:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
         self.critic.load_state_dict(state["critic"])
-        for optimizer, key in zip(self.optimizers, ("manager_optimizer", "critic_optimizer"), strict=True):
+        for optimizer, key, lr in zip(self.optimizers, ("manager_optimizer", "critic_optimizer"), self.lrs,
+                                      strict=True):
             optimizer.load_state_dict(state[key])
+            for group in optimizer.param_groups:  # the config's LR (a forced resume may change it), same cut
+                scale = group["lr"] / group.get("base_lr", group["lr"])
+                group["base_lr"], group["lr"] = lr, lr * scale
         self.critic_initialised = state["critic_initialised"]

@@ -17,6 +17,7 @@ from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium, from_pettingzoo
 from gyre_ma.envs.base import GyreEnv, unwrap
 from gyre_ma.envs.minigrid_doorkey import has_key, make_env, make_library
 from gyre_ma.options.decision import Choice, Decision
+from gyre_ma.options.errors import UserCodeError
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option, OptionContext
@@ -217,7 +218,8 @@ def test_detector_that_raises_names_the_milestone() -> None:
         "CartPole-v1", milestones={"boom": lambda e: e.no_such_attribute},
         graph={"goals": ["boom"], "milestones": {"boom": {}}},
     )
-    with pytest.raises(ValueError, match=r"reset: detector for milestone 'boom' raised AttributeError"):
+    with pytest.raises(UserCodeError, match=r"reset: detector .*<lambda> for milestone 'boom' .*raised AttributeError"
+                                             r".*test_adapters.py:\d+"):
         env.reset(seed=0)
 
 
@@ -226,7 +228,7 @@ def test_detector_must_return_a_bool() -> None:
         "CartPole-v1", milestones={"vague": lambda e: None},
         graph={"goals": ["vague"], "milestones": {"vague": {}}},
     )
-    with pytest.raises(ValueError, match=r"milestone 'vague' returned None .* expected a bool"):
+    with pytest.raises(UserCodeError, match=r"milestone 'vague' raised TypeError: returned None .* expected a bool"):
         env.reset(seed=0)
 
 

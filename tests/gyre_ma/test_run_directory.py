@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from gyre_ma.checkpoints import CheckpointManager
 from gyre_ma.cli import _lock_run, main
 from gyre_ma.config import ConfigError, parse_config
 
@@ -50,6 +51,8 @@ def test_a_resume_keeps_the_runs_config_unless_forced_and_says_when_it_is_finish
     assert history == [{"resumed_at_iteration": 1, "changed": {"train.iterations": [1, 2],
                                                                 "train.lr": [history[0]["changed"]["train.lr"][0],
                                                                              0.01]}}]
+    latest = CheckpointManager(run_dir / "checkpoints").load("latest")  # the forced LR is the one trained with
+    assert [g["lr"] for g in latest["manager_optimizer"]["param_groups"]] == [0.01]
 
 
 def test_run_names_cannot_escape_the_run_root():

@@ -71,6 +71,37 @@ def test_an_exception_in_a_sub_policy_or_predicate_names_it_and_the_users_line()
         run_episode(env, _library(lambda ctx: 0, initiation=broken_initiation), RandomManager(0), seed=1)
 
 
+def test_a_users_manager_detector_or_rule_snapshot_that_raises_is_named():
+    from gyre_ma.envs.adapters import from_gymnasium
+    from gyre_ma.rewards.rules import RuleEngine, load_rules
+
+    class MyManager(RandomManager):
+        def decide(self, decisions):
+            raise KeyError("lost my table")
+
+    MyManager.__module__ = __name__  # a user's manager, not one of gyre-ma's
+    env = make_env("coverage_v0")
+    with pytest.raises(UserCodeError, match=r"manager .*MyManager.decide \(agent 'agent_0', step 0\) raised KeyError"):
+        run_episode(env, _library(lambda ctx: 0), MyManager(0), seed=1)
+
+    def no_such_state(env):
+        return env.unwrapped.no_such_attribute
+
+    env = from_gymnasium("CartPole-v1", milestones={"up": no_such_state},
+                         graph={"goals": ["up"], "milestones": {"up": {}}})
+    with pytest.raises(UserCodeError, match=r"detector .*no_such_state for milestone 'up'.*AttributeError"):
+        env.reset(seed=0)
+
+    def broken_snapshot(env):
+        raise RuntimeError("snapshot bug")
+
+    engine = RuleEngine(load_rules([{"name": "r", "kind": "guard", "when": "episode_end", "require": {"x": 1}}]),
+                        snapshot=broken_snapshot)
+    traj = run_episode(make_env("coverage_v0"), _library(lambda ctx: 0), RandomManager(0), seed=1, max_steps=3)
+    with pytest.raises(UserCodeError, match=r"rule state snapshot .*broken_snapshot raised RuntimeError: snapshot bug"):
+        engine.end_episode(traj, make_env("coverage_v0"))
+
+
 def _write_user_module(tmp_path, body: str) -> None:
     (tmp_path / "userlib.py").write_text(textwrap.dedent(body))
 

@@ -120,50 +120,6 @@ class ManagerPolicy(nn.Module):
         return torch.distributions.Categorical(logits=self(features, agent, mask))
 
 
-class NumpyForward:
-    """The forward pass of a :class:`ManagerPolicy` or :class:`Critic` in NumPy, for rollouts.
-
-    A rollout asks for one or two decisions at a time, where torch spends ~10 µs of call
-    overhead per op and NumPy ~1 µs: on the flat baseline (one decision per agent per
-    step) the torch forward was three quarters of the rollout. The arrays are views of
-    the module's parameters, so in-place updates (``load_state_dict``, ``perturb(out=…)``)
-    show through. Agrees with the module to float32 round-off.
-    """
-
-    def __init__(self, module: ManagerPolicy | Critic) -> None:
-        self.embedding = _view(module.agent_embedding.weight)
-        self.layers: list[tuple[str, tuple[np.ndarray, ...], float]] = []
-        for layer in [*module.body, module.head]:
-            if isinstance(layer, nn.Linear):
-                self.layers.append(("linear", (_view(layer.weight).T, _view(layer.bias)), 0.0))
-            elif isinstance(layer, nn.LayerNorm) and layer.elementwise_affine and len(layer.normalized_shape) == 1:
-                self.layers.append(("norm", (_view(layer.weight), _view(layer.bias)), float(layer.eps)))
-            elif isinstance(layer, nn.Tanh):
-                self.layers.append(("tanh", (), 0.0))
-            else:
-                raise TypeError(f"NumpyForward: no NumPy form for layer {type(layer).__name__} in "
-                                f"{type(module).__name__}; expected Linear, LayerNorm or Tanh")
-
-    def __call__(self, features: np.ndarray, agent: np.ndarray) -> np.ndarray:
-        """features [B, F] float32, agent [B] int → the head's output [B, K] (unmasked)."""
-        x = np.concatenate([features, self.embedding[agent]], axis=-1)
-        for kind, params, eps in self.layers:
-            if kind == "linear":
-                x = x @ params[0] + params[1]
-            elif kind == "norm":  # np.add.reduce: ndarray.mean's Python wrapper costs more than the sum
-                n = x.shape[-1]
-                centred = x - np.add.reduce(x, axis=-1, keepdims=True) / n
-                var = np.add.reduce(centred * centred, axis=-1, keepdims=True) / n
-                x = centred / np.sqrt(var + eps) * params[0] + params[1]
-            else:
-                x = np.tanh(x)
-        return x
-
-
-def _view(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().numpy()
-
-
 class Critic(nn.Module):
     """Value of a decision state; local (manager features) or centralised (global state)."""
 

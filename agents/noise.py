@@ -16,7 +16,9 @@ ablation baseline; :class:`ActionNoise` has the same interface and logs the same
 
 The learner owns a noise object (σ, δ and its schedule position, a window of recent
 states); what travels to a rollout worker is its small, picklable :class:`NoiseSetting`.
-:class:`NoisyManager` turns a policy plus a setting into a :class:`~gyre_ma.rollout.Manager`.
+:class:`PolicyActor` acts for many episodes at once, each with its own setting, one
+batched forward pass per round of decisions; :class:`NoisyManager` is its one-episode form,
+a :class:`~gyre_ma.options.decision.Manager`.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
-from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, NumpyForward, StateScaler
+from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, StateScaler
 from gyre_ma.options.decision import Choice, Decision
 
-_MASKED = np.float32(np.finfo(np.float32).min)
+_MASKED = float(torch.finfo(torch.float32).min)
 """The logit of an ineligible option (as ManagerPolicy.forward masks it)."""
 
 ScheduleKind = Literal["constant", "linear", "cosine", "exponential"]
@@ -165,25 +168,6 @@ def behaviour_logits(logits: Tensor, mask: Tensor, setting: NoiseSetting) -> Ten
     else:
         out = logits.log_softmax(-1)
     return out.masked_fill(~mask, -math.inf)
-
-
-def behaviour_log_probs(logits: np.ndarray, mask: np.ndarray, setting: NoiseSetting) -> np.ndarray:
-    """:func:`behaviour_logits` in NumPy (float32), for the rollout's small batches."""
-    if setting.kind == "epsilon" and setting.scale > 0:
-        probs = np.exp(_log_softmax(logits))
-        uniform = mask / np.maximum(mask.sum(-1, keepdims=True), 1)
-        with np.errstate(divide="ignore"):
-            out = np.log((1.0 - setting.scale) * probs + setting.scale * uniform).astype(np.float32)
-    elif setting.kind == "temperature" and setting.scale > 0:
-        out = _log_softmax(logits / np.float32(setting.scale))
-    else:
-        out = _log_softmax(logits)
-    return np.where(mask, out, -np.inf).astype(np.float32)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    z = x - x.max(-1, keepdims=True)
-    return z - np.log(np.add.reduce(np.exp(z), axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------- what travels
@@ -428,15 +412,185 @@ class NoNoise:
 
 
 # ---------------------------------------------------------------------------- worker side
+class _Slot:
+    """One in-flight episode's exploration: its noise, sampling generator and greedy memory."""
+
+    __slots__ = ("noise", "greedy", "generator", "perturbed", "tried")
+
+    def __init__(self) -> None:
+        self.noise, self.greedy, self.perturbed = NO_NOISE, False, False
+        self.generator = torch.Generator()
+        self.tried: dict[str, tuple[frozenset[str], set[int]]] = {}
+
+
+class PolicyActor:
+    """The learned manager of many episodes at once (``slots`` of them): each round of
+    decisions is one batched forward pass of the policy and one of the critic, whatever
+    episodes the rows come from.
+
+    Each slot holds one episode's exploration, set by :meth:`begin`: parameter noise draws
+    that episode's perturbed weights into the slot's row of a stacked copy of the policy's
+    parameters (rows of unperturbed slots hold the policy's own), so a batch whose rows
+    carry different perturbations runs as batched matrix products over the gathered rows;
+    a batch with no perturbed row runs the policy module itself. Sampling draws from the
+    slot's generator, one uniform per decision in the episode's decision order, so an
+    episode's choices do not depend on which other episodes share its batches.
+
+    ``log_prob`` is the behaviour policy's (perturbed, ε-mixed or tempered), as the PPO
+    ratio needs; ``value`` comes from the unperturbed critic (centralised when a
+    ``state_scaler`` is given). A greedy slot ignores the noise and takes the argmax over
+    the eligible options its agent has not tried since its verified milestones last
+    changed (see :class:`NoisyManager`).
+    """
+
+    def __init__(self, policy: ManagerPolicy, featurizer: Featurizer, *, critic: Critic | None = None,
+                 state_scaler: StateScaler | None = None, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.policy, self.featurizer, self.critic, self.state_scaler = policy, featurizer, critic, state_scaler
+        self.slots = [_Slot() for _ in range(slots)]
+        self._stacks: dict[str, Tensor] | None = None
+        """Parameter name → [slots, *shape]: each slot's acting weights (allocated at the first perturbation)."""
+
+    # ------------------------------------------------------------------ episodes
+    @torch.no_grad()
+    def begin(self, slot: int, noise: NoiseSetting, seed: int, *, greedy: bool = False) -> None:
+        """Start an episode in ``slot``: reseed it and, under parameter noise, draw its
+        perturbed weights (the draws :func:`perturb` makes from the same seed)."""
+        s = self.slots[slot]
+        s.noise, s.greedy, s.tried = noise, greedy, {}
+        s.generator.manual_seed(int(seed))
+        s.perturbed = noise.kind == "param" and noise.scale > 0 and not greedy
+        if not s.perturbed and self._stacks is None:
+            return
+        stacks = self._allocate()
+        params = dict(self.policy.named_parameters())
+        for name, p in params.items():
+            stacks[name][slot].copy_(p)
+        if s.perturbed:
+            for name, p in _perturbable(self.policy, noise.include_layernorm):
+                stacks[name][slot].add_(torch.randn(p.shape, generator=s.generator, dtype=p.dtype) * noise.scale)
+
+    def _allocate(self) -> dict[str, Tensor]:
+        if self._stacks is None:
+            self._stacks = {name: p.detach().unsqueeze(0).repeat(len(self.slots), *([1] * p.dim()))
+                            for name, p in self.policy.named_parameters()}
+        return self._stacks
+
+    # ------------------------------------------------------------------ decisions
+    @torch.inference_mode()
+    def decide(self, slots: Sequence[int], decisions: Sequence[Decision]) -> list[Choice]:
+        """One choice per decision; ``slots[i]`` is the slot (episode) ``decisions[i]`` belongs to."""
+        n = len(decisions)
+        if n == 0:
+            return []
+        features = torch.from_numpy(self.featurizer.many(decisions))
+        agent = torch.tensor([d.agent_index for d in decisions], dtype=torch.long)
+        mask_np = np.stack([d.mask for d in decisions])
+        mask = torch.from_numpy(mask_np)
+        rows = [self.slots[k] for k in slots]
+        logits = self.logits(slots, features, agent, mask)
+        log_probs = torch.empty_like(logits)
+        settings: dict[NoiseSetting, list[int]] = {}
+        for i, s in enumerate(rows):
+            settings.setdefault(NO_NOISE if s.greedy else s.noise, []).append(i)
+        for setting, idx in settings.items():
+            at = torch.tensor(idx)
+            log_probs[at] = behaviour_logits(logits[at], mask[at], setting)
+        lp = log_probs.numpy()
+        options = np.empty(n, dtype=np.int64)
+        greedy = [i for i, s in enumerate(rows) if s.greedy]
+        if greedy:
+            options[greedy] = self._untried_argmax([rows[i] for i in greedy], [decisions[i] for i in greedy], lp[greedy])
+        sampled = [i for i, s in enumerate(rows) if not s.greedy]
+        if sampled:
+            u = np.array([float(torch.rand(1, generator=rows[i].generator)) for i in sampled])
+            probs = np.exp(lp[sampled])
+            cum = probs.cumsum(-1)
+            picks = np.minimum((cum < u[:, None] * cum[:, -1:]).sum(-1), probs.shape[-1] - 1)
+            bad = ~mask_np[sampled, picks]  # float round-off past the last eligible
+            options[sampled] = np.where(bad, probs.argmax(-1), picks)
+        chosen = lp[np.arange(n), options]
+        values = self._values(decisions, features, agent)
+        return [Choice(int(o), float(c), float(v))
+                for o, c, v in zip(options.tolist(), chosen.tolist(), values.tolist(), strict=True)]
+
+    def logits(self, slots: Sequence[int], features: Tensor, agent: Tensor, mask: Tensor) -> Tensor:
+        """Masked logits [B, K] of each row's acting policy (its slot's perturbed weights, or the policy's)."""
+        return self._logits(slots, features, agent).masked_fill(~mask, _MASKED)
+
+    def _logits(self, slots: Sequence[int], features: Tensor, agent: Tensor) -> Tensor:
+        perturbed = self._stacks is not None and any(self.slots[k].perturbed for k in slots)
+        rows = None
+        if perturbed:  # every row its slot's weights (an unperturbed slot's row holds the policy's)
+            idx = torch.tensor(list(slots), dtype=torch.long)
+            rows = {name: stack[idx] for name, stack in self._stacks.items()}
+        return rowwise(self.policy, features, agent, rows)
+
+    def _values(self, decisions: Sequence[Decision], features: Tensor, agent: Tensor) -> np.ndarray:
+        if self.critic is None:
+            return np.zeros(len(decisions))
+        if self.state_scaler is not None:  # centralised critic: values each decision's global state
+            x = torch.from_numpy(np.stack([self.state_scaler(d.env.state()) for d in decisions]).astype(np.float32))
+        else:
+            x = features
+        return rowwise(self.critic, x, agent).squeeze(-1).numpy()
+
+    @staticmethod
+    def _untried_argmax(rows: Sequence[_Slot], decisions: Sequence[Decision], log_probs: np.ndarray) -> np.ndarray:
+        """Per decision, the most likely eligible option its agent has not tried since its
+        milestones last changed (looked up before any of this batch is recorded)."""
+        options = []
+        for s, d, row in zip(rows, decisions, log_probs, strict=True):
+            last = s.tried.get(d.agent)
+            tried = last[1] if last is not None and d.achieved == last[0] else set()
+            allowed = d.mask.copy()
+            allowed[list(tried)] = False
+            if not allowed.any():  # every eligible option tried since the last milestone: a new round
+                allowed, tried = d.mask, set()
+            options.append((s, d, tried, int(np.where(allowed, row, -np.inf).argmax())))
+        for s, d, tried, option in options:
+            s.tried[d.agent] = (d.achieved, tried | {option})
+        return np.array([option for *_, option in options], dtype=np.int64)
+
+
+def rowwise(module: ManagerPolicy | Critic, x: Tensor, agent: Tensor,
+            rows: Mapping[str, Tensor] | None = None) -> Tensor:
+    """The head output [B, ·] of a policy or critic (agent embedding, layer-normalised
+    body, head) computed row by row, as batched matrix products: a row's result does not
+    depend on the rows batched with it, so an episode plays the same in any batch.
+    ``rows``: per-row parameters (name → [B, *shape]) in place of the module's own."""
+    n = x.shape[0]
+    if rows is None:
+        own = dict(module.named_parameters())
+        rows = {name: p.expand(n, *p.shape) for name, p in own.items()}
+    x = torch.cat([x, rows["agent_embedding.weight"][torch.arange(n), agent]], dim=-1)
+    for i, layer in enumerate(module.body):
+        x = _row_layer(layer, x, rows, f"body.{i}")
+    return _row_layer(module.head, x, rows, "head")
+
+
+def _row_layer(layer: nn.Module, x: Tensor, p: Mapping[str, Tensor], name: str) -> Tensor:
+    """One layer with each row's own parameters ``p[name + ".weight"]`` [B, ...]."""
+    if isinstance(layer, nn.Linear):
+        return torch.baddbmm(p[f"{name}.bias"].unsqueeze(1), x.unsqueeze(1),
+                             p[f"{name}.weight"].transpose(1, 2)).squeeze(1)
+    if isinstance(layer, nn.LayerNorm):
+        return F.layer_norm(x, layer.normalized_shape, eps=layer.eps) * p[f"{name}.weight"] + p[f"{name}.bias"]
+    if isinstance(layer, nn.Tanh):
+        return torch.tanh(x)
+    raise TypeError(f"no row-by-row form for layer {type(layer).__name__} of the manager's networks; "
+                    "expected Linear, LayerNorm or Tanh")
+
+
 class NoisyManager:
-    """The Manager protocol over a policy and one episode's noise.
+    """The Manager protocol over a policy and one episode's noise: a one-slot
+    :class:`PolicyActor`, for playing an episode with :func:`~gyre_ma.rollout.run_episode`.
 
     ``noise`` is a :class:`NoiseSetting` or anything with ``setting()`` (a ParamNoise,
     an ActionNoise). Build one per episode, or call :meth:`begin_episode` between
-    episodes: parameter noise draws its perturbation there. ``log_prob`` is the behaviour
-    policy's (perturbed or ε-mixed), as the PPO ratio needs; ``value`` comes from the
-    unperturbed critic (centralised when a ``state_scaler`` is given); ``greedy`` ignores the noise and
-    takes the policy's argmax.
+    episodes: parameter noise draws its perturbation there. ``greedy`` ignores the noise
+    and takes the policy's argmax over untried options.
 
     A greedy manager is deterministic: back in a state like the one it decided in, it
     chooses the same option again, and an option that verifies nothing (wait, a 1-step
@@ -448,75 +602,18 @@ class NoisyManager:
 
     def __init__(self, policy: ManagerPolicy, featurizer: Featurizer,
                  noise: NoiseSetting | Exploration | None = None, *, critic: Critic | None = None,
-                 seed: int = 0, greedy: bool = False, state_scaler: StateScaler | None = None,
-                 scratch: ManagerPolicy | None = None) -> None:
-        """``scratch``: a module shaped like ``policy`` to hold the perturbed weights
-        (overwritten each episode); default: a fresh copy per episode."""
-        self.policy, self.featurizer, self.critic = policy, featurizer, critic
-        self.scratch = scratch
+                 seed: int = 0, greedy: bool = False, state_scaler: StateScaler | None = None) -> None:
         self.noise = NO_NOISE if noise is None else noise if isinstance(noise, NoiseSetting) else noise.setting()
-        self.greedy, self.state_scaler = greedy, state_scaler
-        self.generator = torch.Generator()
-        self._value = None if critic is None else NumpyForward(critic)
+        self.greedy = greedy
+        self.actor = PolicyActor(policy, featurizer, critic=critic, state_scaler=state_scaler)
         self.begin_episode(seed)
 
     def begin_episode(self, seed: int) -> None:
         """Reseed; under parameter noise, draw this episode's perturbed weights."""
-        self.generator.manual_seed(int(seed))
-        self._tried: dict[str, tuple[frozenset[str], set[int]]] = {}
-        """Greedy only: per agent, the milestones verified at its last decision and the options
-        it tried since they were last extended."""
-        n = self.noise
-        if n.kind == "param" and n.scale > 0 and not self.greedy:
-            self.acting = perturb(self.policy, sigma=n.scale, generator=self.generator,
-                                  include_layernorm=n.include_layernorm, out=self.scratch)
-        else:
-            self.acting = self.policy
-        self._act = NumpyForward(self.acting)
+        self.actor.begin(0, self.noise, seed, greedy=self.greedy)
 
     def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
-        features = self.featurizer.many(decisions)
-        agent = np.fromiter((d.agent_index for d in decisions), dtype=np.int64, count=len(decisions))
-        mask = np.stack([d.mask for d in decisions])
-        logits = np.where(mask, self._act(features, agent), _MASKED)
-        if self.greedy:
-            log_probs = behaviour_log_probs(logits, mask, NO_NOISE)
-            options = self._untried_argmax(decisions, log_probs)
-        else:
-            log_probs = behaviour_log_probs(logits, mask, self.noise)
-            probs = np.exp(log_probs)
-            cum = probs.cumsum(-1)
-            u = torch.rand(len(decisions), 1, generator=self.generator).numpy()
-            options = np.minimum((cum < u * cum[:, -1:]).sum(-1), probs.shape[-1] - 1)
-            bad = ~mask[np.arange(len(options)), options]  # float round-off past the last eligible
-            options = np.where(bad, probs.argmax(-1), options)
-        chosen = log_probs[np.arange(len(options)), options]
-        if self._value is None:
-            values = np.zeros(len(decisions))
-        elif self.state_scaler is not None:  # centralised critic: values the global state
-            state = self.state_scaler(decisions[0].env.state())
-            values = self._value(np.broadcast_to(state, (len(decisions), state.shape[0])), agent)[:, 0]
-        else:
-            values = self._value(features, agent)[:, 0]
-        return [Choice(int(o), float(lp), float(v))
-                for o, lp, v in zip(options.tolist(), chosen.tolist(), values.tolist(), strict=True)]
-
-
-    def _untried_argmax(self, decisions: Sequence[Decision], log_probs: np.ndarray) -> np.ndarray:
-        """Per decision, the most likely eligible option its agent has not tried since its
-        milestones last changed (looked up before any of this batch is recorded)."""
-        options = []
-        for d, row in zip(decisions, log_probs, strict=True):
-            last = self._tried.get(d.agent)
-            tried = last[1] if last is not None and d.achieved == last[0] else set()
-            allowed = d.mask.copy()
-            allowed[list(tried)] = False
-            if not allowed.any():  # every eligible option tried since the last milestone: a new round
-                allowed, tried = d.mask, set()
-            options.append((d, tried, int(np.where(allowed, row, -np.inf).argmax())))
-        for d, tried, option in options:
-            self._tried[d.agent] = (d.achieved, tried | {option})
-        return np.array([option for _, _, option in options], dtype=np.int64)
+        return self.actor.decide([0] * len(decisions), decisions)
 
 
 def make_exploration(kind: NoiseKind, target: AnnealSchedule | float, **kwargs: Any) -> Exploration:

@@ -303,6 +303,13 @@ class RolesConfig(_Section):
     """Replay elite candidates and check their milestones on environment state first."""
 
 
+class RolloutConfig(_Section):
+    num_envs: int = Field(16, ge=1, le=1024)
+    """Episodes each worker (this process, or each Ray actor) keeps in flight, each in an
+    env of its own; every round, the pending decisions of all of them are made in one
+    batched forward pass. Results are deterministic for a given (seed, num_envs)."""
+
+
 class BackendConfig(_Section):
     name: Literal["local", "ray"] = "local"
     """Where rollouts run: in this process, or in Ray actors."""
@@ -427,6 +434,8 @@ class ExperimentConfig(_Section):
     """Monitoring."""
     roles: RolesConfig = Field(default_factory=RolesConfig)
     """Explorer, executor and evaluator episodes and their exploration noise."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """How a worker plays its episodes: how many at once."""
     backend: BackendConfig = Field(default_factory=BackendConfig)
     """Where rollouts run."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)

@@ -1,8 +1,9 @@
 """Rollout roles: Explorer, Executor, Evaluator — what each episode is for.
 
-Every role plays its episode through a worker's :class:`~gyre_ma.backends.worker.RolloutKit`
-(which wraps :func:`~gyre_ma.rollout.run_episode` with a manager built from the current
-policy weights and the episode's noise):
+A worker plays every episode on its batched engine (:mod:`gyre_ma.backends.engine`); a
+role says how: :meth:`Role.prepare` gives the task the episode is played as (the
+evaluator's is noise-free) and :meth:`Role.finish` what is made of its trajectory (the
+explorer marks its good ones elite):
 
 * **Explorer** — large target noise; discovers option orderings; marks its good
   trajectories (success, or a verified-milestone score over a threshold) ``elite``.
@@ -111,7 +112,13 @@ def milestone_score(traj: Trajectory, graph: TaskGraph) -> float:
 class Role(Protocol):
     name: str
 
-    def play(self, kit: RolloutKit, task: RolloutTask, version: int, *, worker: int = -1) -> RoleTrajectory: ...
+    def prepare(self, task: RolloutTask) -> RolloutTask:
+        """The task the episode is played as."""
+        ...
+
+    def finish(self, traj: RoleTrajectory) -> RoleTrajectory:
+        """The trajectory as the role returns it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,10 @@ class Explorer:
     """Also mark unsuccessful episodes whose milestone score reaches this (None: successes only)."""
     name: str = "explorer"
 
-    def play(self, kit: RolloutKit, task: RolloutTask, version: int, *, worker: int = -1) -> RoleTrajectory:
-        traj = kit.play(task, version, worker=worker)
+    def prepare(self, task: RolloutTask) -> RolloutTask:
+        return task
+
+    def finish(self, traj: RoleTrajectory) -> RoleTrajectory:
         traj.elite = traj.success or (self.elite_min_score is not None and traj.score >= self.elite_min_score)
         return traj
 
@@ -134,8 +143,11 @@ class Executor:
 
     name: str = "executor"
 
-    def play(self, kit: RolloutKit, task: RolloutTask, version: int, *, worker: int = -1) -> RoleTrajectory:
-        return kit.play(task, version, worker=worker)
+    def prepare(self, task: RolloutTask) -> RolloutTask:
+        return task
+
+    def finish(self, traj: RoleTrajectory) -> RoleTrajectory:
+        return traj
 
 
 @dataclass(frozen=True)
@@ -178,10 +190,12 @@ class Evaluator:
 
     name: str = "evaluator"
 
-    def play(self, kit: RolloutKit, task: RolloutTask, version: int, *, worker: int = -1) -> RoleTrajectory:
+    def prepare(self, task: RolloutTask) -> RolloutTask:
         """A noise-free episode: the policy's argmax (``task.greedy``) or a sample from it."""
-        plain = RolloutTask(task.role, task.task_seed, task.episode, NO_NOISE, task.greedy, task.max_steps)
-        return kit.play(plain, version, worker=worker)
+        return RolloutTask(task.role, task.task_seed, task.episode, NO_NOISE, task.greedy, task.max_steps)
+
+    def finish(self, traj: RoleTrajectory) -> RoleTrajectory:
+        return traj
 
     @staticmethod
     def score(traj: Trajectory, graph: TaskGraph) -> float:

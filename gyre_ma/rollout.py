@@ -13,7 +13,7 @@ import math
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 from gymnasium import spaces
 
 from gyre_ma.envs.base import GyreEnv
-from gyre_ma.options.decision import Decision, Manager
+from gyre_ma.options.decision import Choice, Decision, Manager
 from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, Termination, is_behaviour
@@ -151,7 +151,65 @@ def run_episode(
     option_timeout_s: float | None = None,
     episode_timeout_s: float | None = None,
 ) -> Trajectory:
-    """Roll one episode out, option by option, and return its whole trajectory.
+    """Roll one episode out, option by option, and return its whole trajectory: the
+    episode :func:`play_episode` plays, with each decision asked of ``manager``.
+
+    The manager's own hooks run too: ``episode_start(env, seed)`` after the reset and
+    ``option_end(call, env)`` as each call ends, where it has them."""
+    hooks = [h for h in (on_option_end, getattr(manager, "option_end", None)) if callable(h)]
+    begin = getattr(manager, "episode_start", None)
+    play = play_episode(env, library, seed=seed, policy_version=policy_version, max_steps=max_steps,
+                        record_state=record_state, step_log=step_log, on_option_end=hooks,
+                        on_start=begin if callable(begin) else None, option_timeout_s=option_timeout_s,
+                        episode_timeout_s=episode_timeout_s)
+    users = is_users(manager)
+    try:
+        decision = next(play)
+        while True:
+            decision = play.send(ask(manager, decision, users_manager=users, seed=seed))
+    except StopIteration as done:
+        return done.value
+
+
+def is_users(manager: Any) -> bool:
+    """Whether ``manager`` is a user's (its errors are named as theirs) rather than one of gyre-ma's."""
+    return not type(manager).__module__.startswith("gyre_ma.")
+
+
+def ask(manager: Manager, decision: Decision, *, users_manager: bool, seed: int) -> Choice:
+    """``manager``'s one choice for ``decision``; an exception from a user's manager is a
+    :class:`UserCodeError` naming it."""
+    try:
+        choices = manager.decide([decision])
+    except Exception as exc:
+        if not users_manager:  # gyre-ma's own managers: a bug keeps its traceback
+            raise
+        raise UserCodeError(f"manager {callable_name(manager.decide)} (agent {decision.agent!r}, "
+                            f"task seed {seed})", exc) from exc
+    if len(choices) != 1:
+        raise ValueError(f"manager {type(manager).__name__}.decide returned {len(choices)} choices for "
+                         "1 decision; expected one Choice per Decision")
+    return choices[0]
+
+
+def play_episode(
+    env: GyreEnv,
+    library: OptionLibrary,
+    *,
+    seed: int,
+    policy_version: int = 0,
+    max_steps: int | None = None,
+    record_state: bool = False,
+    step_log: list[tuple[dict, dict]] | None = None,
+    on_option_end: Sequence[Callable[[OptionCall, Any], None]] = (),
+    on_start: Callable[[Any, int], None] | None = None,
+    option_timeout_s: float | None = None,
+    episode_timeout_s: float | None = None,
+) -> Generator[Decision, Choice, Trajectory]:
+    """Play one episode, option by option, as a coroutine: it yields each
+    :class:`Decision` to be made and takes the :class:`Choice` sent back; it returns the
+    whole :class:`Trajectory`. :func:`run_episode` drives it with one manager; the batched
+    engine (:mod:`gyre_ma.backends.engine`) drives many at once.
 
     At each step every live agent between options gets one decision, in ``env.agents``
     order, seeing the options the others run (those just chosen included); then every
@@ -164,11 +222,10 @@ def run_episode(
     ``max_steps`` is the primitive step cap (defaults to the env's own ``max_cycles``);
     reaching it truncates every running option. ``record_state`` stores ``env.state()``
     at every decision (for a centralised critic); ``step_log`` receives each step's
-    (actions, rewards), for the trajectory store; ``on_option_end(call, env)`` runs as each
-    option call ends, while the env holds the state it ended in (rule checks), and so does
-    the manager's own ``option_end`` hook where it has one (``episode_start(env, seed)``
-    runs after the reset). Once every goal is verified the task is done: the episode ends
-    there, as a termination.
+    (actions, rewards), for the trajectory store; each ``on_option_end`` hook ``(call, env)``
+    runs as an option call ends, while the env holds the state it ended in (rule checks),
+    and ``on_start(env, seed)`` after the reset. Once every goal is verified the task is
+    done: the episode ends there, as a termination.
 
     Wall-clock bounds (:mod:`gyre_ma.watchdog`; None: none): an option call whose
     sub-policy has run ``option_timeout_s`` seconds in all ends as
@@ -193,20 +250,19 @@ def run_episode(
                       horizon=min(cap, int(env_cap)) if env_cap is not None else cap)
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
-    hooks = [h for h in (on_option_end, getattr(manager, "option_end", None)) if callable(h)]
+    hooks = list(on_option_end)
     attribute = getattr(env, "milestone_agent", None)
     attribute = attribute if callable(attribute) else None
-    users_manager = not type(manager).__module__.startswith("gyre_ma.")
-    if callable(getattr(manager, "episode_start", None)):
-        manager.episode_start(env, seed)
+    if on_start is not None:
+        on_start(env, seed)
 
     def end(run: _Running, terminated: bool, truncated: bool, reason: Termination) -> None:
         call = run.close(terminated, truncated, reason, traj.milestone_steps, traj.milestone_agents)
         for hook in hooks:
             hook(call, env)
 
-    def start(agent: str, step: int, verified: frozenset[str], set_aside: set[int]) -> _Running | None:
-        """The manager's decision for ``agent`` and the call it starts; None at a dead end."""
+    def decision(agent: str, step: int, verified: frozenset[str], set_aside: set[int]) -> Decision | None:
+        """The decision ``agent`` faces; None at a dead end (no eligible option)."""
         obs = observations[agent]
         mask = library.mask(verified, OptionContext(agent=agent, env=env, observation=obs, achieved=verified,
                                                     rng=rng))
@@ -215,29 +271,23 @@ def run_episode(
         if not mask.any():
             return None
         others = tuple(r.call.option for b in env.agents if b != agent and (r := running.get(b)) is not None)
-        d = Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others)
-        try:
-            choices = manager.decide([d])
-        except Exception as exc:
-            if not users_manager:  # gyre-ma's own managers: a bug keeps its traceback
-                raise
-            raise UserCodeError(f"manager {callable_name(manager.decide)} (agent {agent!r}, step {step})", exc) from exc
-        if len(choices) != 1:
-            raise ValueError(f"manager {type(manager).__name__}.decide returned {len(choices)} choices for "
-                             "1 decision; expected one Choice per Decision")
-        choice = choices[0]
+        return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others)
+
+    def start(d: Decision, choice: Choice, step: int) -> _Running:
+        """The call ``choice`` starts for decision ``d``."""
+        mask = d.mask
         if not (0 <= choice.option < len(mask)) or not mask[choice.option]:
             name = library[choice.option].name if 0 <= choice.option < len(mask) else choice.option
-            raise ValueError(f"manager chose option {name!r} for agent {agent!r}, which the mask forbids")
+            raise ValueError(f"manager chose option {name!r} for agent {d.agent!r}, which the mask forbids")
         call = OptionCall(
-            agent=agent, agent_index=d.agent_index, option=choice.option, observation=obs, mask=mask,
-            achieved=verified, last_option=last[agent], time_fraction=d.time_fraction,
+            agent=d.agent, agent_index=d.agent_index, option=choice.option, observation=d.observation, mask=mask,
+            achieved=d.achieved, last_option=d.last_option, time_fraction=d.time_fraction,
             log_prob=choice.log_prob, value=choice.value, start_step=step, policy_version=policy_version,
-            task_seed=seed, state=_global_state(env) if record_state else None, others=others,
+            task_seed=seed, state=_global_state(env) if record_state else None, others=d.others,
         )
         traj.calls.append(call)
-        last[agent] = choice.option
-        return _Running(call, OptionContext(agent, env, obs, verified, rng=rng), library[choice.option])
+        last[d.agent] = choice.option
+        return _Running(call, OptionContext(d.agent, env, d.observation, d.achieved, rng=rng), library[choice.option])
 
     verified = env.verified_milestones()
     for m in verified:
@@ -245,8 +295,11 @@ def run_episode(
     step = 0
     option_limit = math.inf if option_timeout_s is None else float(option_timeout_s)
     watch = watchdog() if option_timeout_s is not None or episode_timeout_s is not None else _UNWATCHED
-    if episode_timeout_s is not None:
-        watch.episode_deadline = time.perf_counter() + float(episode_timeout_s)
+    # the episode's budget counts its own play (env, options), not the waits for its
+    # decisions, which a batched worker shares among the episodes in flight
+    budget = math.inf if episode_timeout_s is None else float(episode_timeout_s)
+    resumed = time.perf_counter()
+    watch.episode_deadline = resumed + budget
     try:
         while env.agents and step < cap and not goals <= verified:
             actions = {}
@@ -255,10 +308,16 @@ def run_episode(
                 while a not in actions:
                     run = running.get(a)
                     if run is None:
-                        run = running[a] = start(a, step, verified, set_aside)
-                        if run is None:
+                        d = decision(a, step, verified, set_aside)
+                        if d is None:
                             traj.dead_ends.append(a)
                             break
+                        budget -= time.perf_counter() - resumed
+                        watch.episode_deadline = math.inf  # no deadline while others play
+                        choice = yield d
+                        resumed = time.perf_counter()
+                        watch.episode_deadline = resumed + budget
+                        run = running[a] = start(d, choice, step)
                     started = time.perf_counter()
                     if started >= watch.episode_deadline:
                         raise EpisodeTimeout()

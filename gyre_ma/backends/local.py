@@ -1,8 +1,10 @@
-"""The in-process backend (the default): one RolloutWorker, episodes played in order.
+"""The in-process backend (the default): one RolloutWorker, ``rollout.num_envs`` episodes
+in flight on its batched engine.
 
 Deterministic: same config, weights and tasks → identical trajectories. ``submit`` only
 queues (with a snapshot of the weights, so the learner may update in place meanwhile);
-``poll`` plays queued episodes — so the async loop runs here too, just without overlap.
+``poll`` plays queued episodes, a policy version at a time — so the async loop runs here
+too, just without overlap.
 
 Episodes run with ``torch`` limited to ``rollout_threads`` intra-op threads (restored
 afterwards): the manager's per-decision forward passes are tiny, and a thread pool
@@ -15,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -62,7 +64,7 @@ class LocalBackend:
     def collect(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> list[RoleTrajectory]:
         """Plays these tasks now; submitted ones stay queued for :meth:`poll`."""
         with torch_threads(self.rollout_threads):
-            return [self._play(t, weights, version) for t in coerce_tasks(tasks)]
+            return self._play(coerce_tasks(tasks), weights, version)
 
     def submit(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> None:
         self._weights.setdefault(version, snapshot(weights))
@@ -71,14 +73,25 @@ class LocalBackend:
     def poll(self, timeout: float | None = 0.0) -> list[RoleTrajectory]:
         """Play queued episodes: all of them (``timeout=None``), or until ``timeout``
         seconds have passed — at least one either way, when any is queued."""
-        start = time.perf_counter()
-        out = []
+        start, asked = time.perf_counter(), 0
+        out: list[RoleTrajectory] = []
+
+        def stop() -> bool:
+            """Asked before each new episode: past the timeout, no more start (but the first does)."""
+            nonlocal asked
+            asked += 1
+            return asked > 1 and timeout is not None and time.perf_counter() - start >= timeout
+
         with torch_threads(self.rollout_threads):
-            while self._queue:
-                task, version = self._queue.popleft()
-                out.append(self._play(task, self._weights[version], version))
-                if timeout is not None and time.perf_counter() - start >= timeout:
-                    break
+            while self._queue and not (asked and stop()):
+                version = self._queue[0][1]
+                tasks = []
+                while self._queue and self._queue[0][1] == version:
+                    tasks.append(self._queue.popleft()[0])
+                results = self._play(tasks, self._weights[version], version, stop=stop)
+                self._queue.extendleft(reversed([(t, version) for t, r in zip(tasks, results, strict=True)
+                                                 if r is None]))
+                out += [r for r in results if r is not None]
         live = {v for _, v in self._queue}
         self._weights = {v: w for v, w in self._weights.items() if v in live}
         return out
@@ -87,11 +100,15 @@ class LocalBackend:
     def pending(self) -> int:
         return len(self._queue)
 
-    def _play(self, task: RolloutTask, weights: Weights | None, version: int) -> RoleTrajectory:
-        traj = self.worker.run(task, weights, version)
-        self._episodes += 1
-        self._env_steps += traj.length
-        return traj
+    def _play(self, tasks: list[RolloutTask], weights: Weights | None, version: int, *,
+              stop: Callable[[], bool] | None = None) -> list[RoleTrajectory | None]:
+        """Each task's trajectory, or None where ``stop`` kept it from starting."""
+        results = self.worker.run_many(tasks, weights, version, stop=stop)
+        for traj in results:
+            if traj is not None:
+                self._episodes += 1
+                self._env_steps += traj.length
+        return results
 
     def stats(self) -> dict[str, float]:
         return {"backend/episodes": float(self._episodes), "backend/env_steps": float(self._env_steps),

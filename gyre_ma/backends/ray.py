@@ -3,12 +3,13 @@
 * Weights go out through the object store: one ``ray.put`` per policy version; each
   actor fetches a version once and caches it.
 * One call to an actor plays a *chunk* of up to ``episodes_per_call`` episodes (fewer
-  as the queue runs low, so no actor is left with a long tail), one at a time; up to
+  as the queue runs low, so no actor is left with a long tail); up to
   ``pipeline_depth`` calls are queued on it, so the next starts the moment one ends
   instead of after a round trip to the driver. Chunks divide the driver's per-call cost
   (submission, ``ray.wait``, result bookkeeping) over their episodes.
-* When an episode raises inside the actor (an env or option fault), the actor returns
-  the chunk's finished episodes and the error; the actor is restarted
+* An actor plays a chunk on its batched engine, ``rollout.num_envs`` episodes in flight.
+  When an episode raises inside the actor (an env or option fault), the others play on;
+  the actor returns the chunk's finished episodes and the faults; the actor is restarted
   (``ray.kill(..., no_restart=False)``; Ray re-runs its constructor, within
   ``max_restarts``) and the faulty episode re-issued whole, up to ``max_attempts`` times.
   When the actor process dies, Ray restarts it by itself; which episode of a chunk was
@@ -39,6 +40,7 @@ import ray
 import torch
 
 from gyre_ma.backends.base import TaskLike, coerce_tasks
+from gyre_ma.backends.engine import EpisodeFault
 from gyre_ma.backends.worker import RolloutWorker, Weights
 from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask
 
@@ -56,19 +58,21 @@ class RolloutActor:
         """New on every (re)start: tells a restarted actor from the one that was killed."""
         self.worker = RolloutWorker(config, worker_id=worker_id, roles=roles)
 
-    def run(self, box: list[Any], version: int, tasks: list[RolloutTask]) -> tuple[list[RoleTrajectory], str | None]:
-        """Play ``tasks`` in order: their trajectories, and the error that stopped the chunk
-        early (``None``: all played). ``box`` holds the weights' ObjectRef (boxed so Ray
-        does not fetch it per call)."""
+    def run(self, box: list[Any], version: int,
+            tasks: list[RolloutTask]) -> tuple[list[tuple[int, RoleTrajectory]], list[tuple[int, str]]]:
+        """Play ``tasks`` on the batched engine: the trajectories that finished and the
+        faults of those that raised, each with its index in ``tasks`` (a fault costs only
+        its own episode; the others play on). ``box`` holds the weights' ObjectRef (boxed
+        so Ray does not fetch it per call)."""
         ref = box[0]
         weights = None if ref is None or version == self.worker.kit.version else ray.get(ref)
-        done: list[RoleTrajectory] = []
-        for task in tasks:
-            try:
-                done.append(self.worker.run(task, weights, version))
-            except Exception as exc:  # noqa: BLE001 - any fault: the driver restarts this actor
-                return done, f"{type(exc).__name__}: {_last_line(exc)}"
-        return done, None
+        done, faults = [], []
+        for i, result in enumerate(self.worker.run_many(tasks, weights, version, faults="collect")):
+            if isinstance(result, EpisodeFault):
+                faults.append((i, f"{type(result.error).__name__}: {_last_line(result.error)}"))
+            else:
+                done.append((i, result))
+        return done, faults
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "worker_id": self.worker.worker_id, "incarnation": self.incarnation}
@@ -327,22 +331,20 @@ class RayBackend:
         slot.queued.remove(ref)
         slot.head_since = time.monotonic()
         try:
-            done, error = ray.get(ref)
+            done, faults = ray.get(ref)
         except ray.exceptions.RayError as exc:
             # the process died (Ray restarts it within max_restarts), or the call itself failed
             self._fault(slot, kill=not isinstance(exc, ray.exceptions.RayActorError))
             self._reissue_unknown(jobs, f"{type(exc).__name__}: {_last_line(exc)}")
             return
-        for job, traj in zip(jobs, done, strict=False):
+        for i, traj in done:
             self._counts["episodes"] += 1
             self._counts["env_steps"] += traj.length
-            out.append((job.order, traj))
-        if error is not None:  # an episode raised inside the actor: the rest of the chunk did not play
-            faulty, unplayed = jobs[len(done)], jobs[len(done) + 1:]
+            out.append((jobs[i].order, traj))
+        if faults:  # episodes raised inside the actor; the others of the chunk played on
             self._fault(slot, kill=True)
-            self._counts["requeued"] += len(unplayed)
-            self._queue.extendleft(reversed(unplayed))
-            self._reissue(faulty, error)
+            for i, error in reversed(faults):
+                self._reissue(jobs[i], error)
 
     def _fault(self, slot: _Slot, *, kill: bool) -> None:
         """Restart (or, past ``max_restarts``, replace) a faulty actor; requeue what was queued on it."""

@@ -1,69 +1,134 @@
-"""The rollout worker: one env, its option library and a policy skeleton, playing
-:class:`~gyre_ma.roles.RolloutTask` s. It is what a backend runs, in-process or as a Ray actor."""
+"""The rollout worker: env instances, their option library and a policy skeleton, playing
+:class:`~gyre_ma.roles.RolloutTask` s many at a time on the batched engine
+(:mod:`gyre_ma.backends.engine`). It is what a backend runs, in-process or as a Ray actor."""
 
 from __future__ import annotations
 
-import copy
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 import torch
 
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.agents.flat import primitive_library
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, StateScaler
-from gyre_ma.agents.noise import NoisyManager
+from gyre_ma.agents.noise import PolicyActor
+from gyre_ma.backends.engine import EpisodeFault, play_many
 from gyre_ma.envs.registry import make_env, make_library, make_oracle
+from gyre_ma.options.decision import Choice, Decision, Manager
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask, default_roles, milestone_score, tag
-from gyre_ma.rollout import run_episode
+from gyre_ma.rollout import Trajectory, ask, is_users, play_episode
 
 Weights = Mapping[str, Mapping[str, torch.Tensor]]
 """``{"policy": state_dict, "critic": state_dict}`` (``critic`` optional); None for
 managers that do not learn (random, oracle)."""
 
 
+# ---------------------------------------------------------------------------- deciders
+class Deciders(Protocol):
+    """Who decides for the episodes in a worker's slots."""
+
+    def begin(self, slot: int, task: RolloutTask, version: int, env: Any) -> tuple[list[Callable], Callable | None]:
+        """Set up ``slot`` for ``task``'s episode; its option-end hooks and episode-start hook."""
+        ...
+
+    def decide(self, slots: Sequence[int], decisions: Sequence[Decision]) -> list[Choice]:
+        """One choice per decision; ``slots[i]`` is the slot ``decisions[i]`` comes from."""
+        ...
+
+
+class PolicyDeciders:
+    """The learned manager: every round one batched forward pass (:class:`PolicyActor`)."""
+
+    def __init__(self, actor: PolicyActor) -> None:
+        self.actor = actor
+
+    def begin(self, slot: int, task: RolloutTask, version: int, env: Any) -> tuple[list[Callable], Callable | None]:
+        self.actor.begin(slot, task.noise, task.manager_seed(version), greedy=task.greedy)
+        return [], None
+
+    def decide(self, slots: Sequence[int], decisions: Sequence[Decision]) -> list[Choice]:
+        return self.actor.decide(slots, decisions)
+
+
+class ManagerDeciders:
+    """Managers that do not learn (random, an oracle, a scripted order): one per slot,
+    asked one decision at a time (they have no forward pass to batch)."""
+
+    def __init__(self, make: Callable[[int, RolloutTask, int, Any], Manager]) -> None:
+        self.make = make
+        self.managers: dict[int, tuple[Manager, bool, int]] = {}
+        """Per slot: its manager, whether it is a user's, the episode's task seed."""
+
+    def begin(self, slot: int, task: RolloutTask, version: int, env: Any) -> tuple[list[Callable], Callable | None]:
+        manager = self.make(slot, task, version, env)
+        self.managers[slot] = (manager, is_users(manager), task.task_seed)
+        hook, start = getattr(manager, "option_end", None), getattr(manager, "episode_start", None)
+        return ([hook] if callable(hook) else []), (start if callable(start) else None)
+
+    def decide(self, slots: Sequence[int], decisions: Sequence[Decision]) -> list[Choice]:
+        out = []
+        for slot, d in zip(slots, decisions, strict=True):
+            manager, users, seed = self.managers[slot]
+            out.append(ask(manager, d, users_manager=users, seed=seed))
+        return out
+
+
 # ---------------------------------------------------------------------------- the worker's kit
 @dataclass
 class RolloutKit:
-    """One env, its library, and the manager pieces a role builds a manager from."""
+    """Env instances (one per slot, made as needed), their library, and the manager pieces
+    a worker decides with."""
 
     env: Any
+    """The first env: shapes, the evaluator's replays, and slot 0's episodes."""
     library: OptionLibrary
     manager_kind: str
     max_steps: int | None
+    make_env: Callable[[], Any] | None = None
+    """Builds another env for a slot (None: one slot only)."""
+    num_envs: int = 1
+    """Episodes in flight at once (``rollout.num_envs``)."""
     featurizer: Featurizer | None = None
     policy: ManagerPolicy | None = None
     critic: Critic | None = None
     state_scaler: StateScaler | None = None
     """Set when the critic is centralised (values the global state)."""
-    fixed: Any = None
-    """The non-learning manager (oracle) when ``manager_kind`` is ``oracle``."""
+    make_fixed: Callable[[Any], Manager] | None = None
+    """Builds the non-learning manager (oracle, scripted order) for a slot's env."""
     version: int | None = None
     """Policy version whose weights are loaded."""
-    scratch: ManagerPolicy | None = None
-    """Reused for each episode's perturbed weights (one episode at a time per kit)."""
     rules: Any = None
     """A RewardScorer whose rule engine checks env state at option and episode ends
     (None when the config has no rules)."""
     option_timeout_s: float | None = None
     episode_timeout_s: float | None = None
     """Wall-clock bounds of an option call and an episode (``backend.*_timeout_s``)."""
+    _envs: dict[int, Any] = field(default_factory=dict, repr=False)
+    """Each slot's env, made as needed."""
+    _fixed: dict[int, Manager] = field(default_factory=dict, repr=False)
+    _actor: PolicyActor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._envs[0] = self.env
 
     @classmethod
     def from_config(cls, config: Any) -> RolloutKit:
         """Build from an :class:`~gyre_ma.config.ExperimentConfig` exactly as the learner does."""
-        env = make_env(config.env.id, **config.env.kwargs)
+        def new_env() -> Any:
+            return make_env(config.env.id, **config.env.kwargs)
+
+        env = new_env()
         agents = env.possible_agents
         m = config.manager
         if m.kind == "flat":
             library = primitive_library(env.task_graph(), env.action_space(agents[0]))
         else:
             library = make_library(config.env.id, env, config.library, config.library_kwargs)
-        kit = cls(env, library, m.kind, config.train.max_steps, option_timeout_s=config.backend.option_timeout_s,
-                  episode_timeout_s=config.backend.episode_timeout_s)
+        kit = cls(env, library, m.kind, config.train.max_steps, make_env=new_env, num_envs=config.rollout.num_envs,
+                  option_timeout_s=config.backend.option_timeout_s, episode_timeout_s=config.backend.episode_timeout_s)
         rewards = getattr(config, "rewards", None)
         if rewards is not None and (rewards.rules or rewards.rules_file):
             from gyre_ma.rewards.scorer import RewardScorer
@@ -73,16 +138,15 @@ class RolloutKit:
             with torch.random.fork_rng():  # initial weights are overwritten; leave the caller's RNG alone
                 kit._build_modules(config, agents)
         elif m.kind in ("oracle", "scripted"):
-            kit.fixed = make_oracle(config.env.id, env, library, m.policy)
+            kit.make_fixed = lambda slot_env: make_oracle(config.env.id, slot_env, library, m.policy)
         return kit
 
     def _build_modules(self, config: Any, agents: list[str]) -> None:
-        """Featurizer, policy, critic (and scratch copy) shaped as the learner's."""
+        """Featurizer, policy and critic shaped as the learner's."""
         m = config.manager
         self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library, len(agents))
         self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents), hidden=m.hidden,
                                     layers=m.layers, agent_embedding=m.agent_embedding)
-        self.scratch = copy.deepcopy(self.policy)
         if getattr(m, "centralised_critic", False):
             self.state_scaler = StateScaler(self.env.state_space)
         inputs = self.state_scaler.dim if self.state_scaler else self.featurizer.dim
@@ -117,32 +181,64 @@ class RolloutKit:
                 self.critic.load_state_dict(weights["critic"])
         self.version = version
 
-    def manager(self, task: RolloutTask, version: int) -> Any:
-        seed = task.manager_seed(version)
+    # ------------------------------------------------------------------ slots
+    def env_for(self, slot: int) -> Any:
+        """Slot ``slot``'s env (slot 0: :attr:`env`), made the first time it is needed."""
+        env = self._envs.get(slot)
+        if env is None:
+            if self.make_env is None:
+                raise ValueError(f"this kit has one env and no make_env: it cannot fill slot {slot}")
+            env = self._envs[slot] = self.make_env()
+        return env
+
+    def discard_env(self, slot: int) -> None:
+        """Forget a slot's env after a fault (its state is unknown); the slot gets a fresh one."""
+        self._envs.pop(slot, None)
+        self._fixed.pop(slot, None)
+
+    def deciders(self, version: int) -> Deciders:
+        """Who decides in this kit's slots: the learned manager batched, else one manager per slot."""
         if self.learns:
-            return NoisyManager(self.policy, self.featurizer, task.noise, critic=self.critic, seed=seed,
-                                greedy=task.greedy, state_scaler=self.state_scaler, scratch=self.scratch)
+            if self._actor is None:
+                self._actor = PolicyActor(self.policy, self.featurizer, critic=self.critic,
+                                          state_scaler=self.state_scaler, slots=self.num_envs)
+            return PolicyDeciders(self._actor)
+        return ManagerDeciders(self._slot_manager)
+
+    def _slot_manager(self, slot: int, task: RolloutTask, version: int, env: Any) -> Manager:
         if self.manager_kind == "random":
-            return RandomManager(seed=seed)
-        return self.fixed
+            return RandomManager(seed=task.manager_seed(version))
+        if slot not in self._fixed:
+            self._fixed[slot] = self.make_fixed(env)
+        return self._fixed[slot]
 
     def cap(self, task: RolloutTask) -> int:
         cap = task.max_steps if task.max_steps is not None else self.max_steps
         return int(cap if cap is not None else getattr(self.env, "max_cycles", 10_000))
 
-    def play(self, task: RolloutTask, version: int, *, worker: int = -1) -> RoleTrajectory:
-        cap = self.cap(task)
-        start = time.perf_counter()
-        hook = self.rules.on_option_end if self.rules is not None else None
-        traj = run_episode(self.env, self.library, self.manager(task, version), seed=task.task_seed,
-                           policy_version=version, max_steps=cap,
-                           record_state=self.state_scaler is not None, on_option_end=hook,
-                           option_timeout_s=self.option_timeout_s, episode_timeout_s=self.episode_timeout_s)
+    def episode(self, slot: int, task: RolloutTask, version: int,
+                deciders: Deciders) -> Generator[Decision, Choice, Trajectory]:
+        """``task``'s episode in ``slot``, as a coroutine (see :func:`~gyre_ma.rollout.play_episode`)."""
+        env = self.env_for(slot)
+        hooks, on_start = deciders.begin(slot, task, version, env)
         if self.rules is not None:
-            traj.rule_results = self.rules.end_episode(traj, self.env)
-        return tag(traj, role=task.role, episode=task.episode, worker=worker, noise=task.noise,
-                    greedy=task.greedy, step_cap=cap, score=milestone_score(traj, self.library.graph),
-                    seconds=time.perf_counter() - start)
+            hooks = [self.rules.on_option_end, *hooks]
+        traj = yield from play_episode(env, self.library, seed=task.task_seed, policy_version=version,
+                                       max_steps=self.cap(task), record_state=self.state_scaler is not None,
+                                       on_option_end=hooks, on_start=on_start, option_timeout_s=self.option_timeout_s,
+                                       episode_timeout_s=self.episode_timeout_s)
+        if self.rules is not None:
+            traj.rule_results = self.rules.end_episode(traj, env)
+        return traj
+
+    def tag(self, traj: Trajectory, task: RolloutTask, *, worker: int, seconds: float) -> RoleTrajectory:
+        return tag(traj, role=task.role, episode=task.episode, worker=worker, noise=task.noise, greedy=task.greedy,
+                   step_cap=self.cap(task), score=milestone_score(traj, self.library.graph), seconds=seconds)
+
+    def play(self, task: RolloutTask, version: int, *, worker: int = -1, role: Role | None = None) -> RoleTrajectory:
+        """One episode (as its role plays it; default: the default roles')."""
+        roles = default_roles() if role is None else {task.role: role}
+        return play_many(self, [task], version, roles=roles, worker=worker)[0]
 
 
 def policy_weights(policy: ManagerPolicy, critic: Critic | None = None) -> dict[str, dict[str, torch.Tensor]]:
@@ -155,7 +251,8 @@ def policy_weights(policy: ManagerPolicy, critic: Critic | None = None) -> dict[
 
 # ---------------------------------------------------------------------------- the worker
 class RolloutWorker:
-    """Plays :class:`RolloutTask` s; one per process (in-process backend, or a Ray actor)."""
+    """Plays :class:`RolloutTask` s, ``rollout.num_envs`` at a time; one per process
+    (in-process backend, or a Ray actor)."""
 
     def __init__(self, config: Any, *, worker_id: int = 0, roles: Mapping[str, Role] | None = None) -> None:
         self.kit = RolloutKit.from_config(config)
@@ -166,7 +263,12 @@ class RolloutWorker:
             raise ValueError(f"roles: missing {missing}; give one object per role in {list(ROLES)}")
 
     def run(self, task: RolloutTask, weights: Weights | None, version: int) -> RoleTrajectory:
+        return self.run_many([task], weights, version)[0]
+
+    def run_many(self, tasks: Sequence[RolloutTask], weights: Weights | None, version: int, *,
+                 stop: Callable[[], bool] | None = None,
+                 faults: Literal["raise", "collect"] = "raise") -> list[RoleTrajectory | EpisodeFault | None]:
+        """Play ``tasks`` with ``version``'s weights on the batched engine; see :func:`play_many`."""
         self.kit.load(weights, version)
-        return self.roles[task.role].play(self.kit, task, version, worker=self.worker_id)
-
-
+        return play_many(self.kit, tasks, version, roles=self.roles, worker=self.worker_id, stop=stop,
+                         faults=faults)

@@ -338,7 +338,8 @@ class RuleEngine:
         (call this before the env is reset)."""
         calls = trajectory.calls
         n = len(calls)
-        pending, self._pending = self._pending, {}
+        # this episode's states only: a batched worker interleaves the calls of many episodes
+        pending = {key: got for c in calls if (got := self._pending.pop(key := id(c), None)) is not None}
         if not self.active:
             return RuleResults.empty(n)
         final = StateView(self._snapshot(env))

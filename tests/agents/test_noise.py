@@ -8,15 +8,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_ma.agents.manager import Critic, ManagerPolicy, NumpyForward
+from gyre_ma.agents.manager import Critic, ManagerPolicy
 from gyre_ma.agents.noise import (
     ActionNoise,
     AnnealSchedule,
     NoiseSetting,
     NoisyManager,
     ParamNoise,
+    PolicyActor,
     anneal,
-    behaviour_log_probs,
     behaviour_logits,
     epsilon_equivalent_delta,
     make_exploration,
@@ -158,7 +158,8 @@ def test_masked_options_keep_zero_probability_under_noise(setting, seed, data):
     mask[torch.arange(n), torch.tensor(data.draw(st.lists(st.integers(0, K - 1), min_size=n, max_size=n)))] = True
     features, agent = torch.randn(n, F) * 10, torch.zeros(n, dtype=torch.long)
     manager = NoisyManager(pol, _Identity(), setting, seed=seed)
-    log_probs = behaviour_logits(manager.acting(features, agent, mask), mask, setting)
+    with torch.no_grad():
+        log_probs = behaviour_logits(manager.actor.logits([0] * n, features, agent, mask), mask, setting)
     assert torch.all(log_probs.exp()[~mask] == 0)
     assert torch.allclose(log_probs.exp().sum(-1), torch.ones(n), atol=1e-5)
     for choice, m in zip(manager.decide(_decisions(features, agent, mask)), mask, strict=True):
@@ -247,36 +248,68 @@ def test_perturbing_into_a_scratch_module_equals_a_fresh_copy():
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("setting", [NoiseSetting(), NoiseSetting("epsilon", 0.3), NoiseSetting("temperature", 4.0)])
-def test_numpy_behaviour_log_probs_match_the_torch_ones(setting):
-    pol, (features, agent, mask) = policy(), states(64)
+SLOT_SETTINGS = [(NoiseSetting("param", 0.5), False), (NoiseSetting("param", 0.8, include_layernorm=True), False),
+                 (NoiseSetting("epsilon", 0.3), False), (NoiseSetting("temperature", 4.0), False),
+                 (NoiseSetting("param", 0.5), True), (NoiseSetting(), False)]
+
+
+def test_a_batch_of_episodes_decides_as_each_episode_would_alone():
+    """Six episodes in one batch, each its own noise (two perturbations, ε, τ, greedy,
+    none): every round's choices, log-probabilities and values are those each episode's
+    one-slot manager gives deciding alone."""
+    pol, critic = policy(), Critic(F, A, hidden=32)
+    actor = PolicyActor(pol, _Identity(), critic=critic, slots=len(SLOT_SETTINGS))
+    alone = []
+    for slot, (setting, greedy) in enumerate(SLOT_SETTINGS):
+        actor.begin(slot, setting, 100 + slot, greedy=greedy)
+        alone.append(NoisyManager(pol, _Identity(), setting, critic=critic, seed=100 + slot, greedy=greedy))
+    for r in range(5):
+        features, agent, mask = states(len(SLOT_SETTINGS), seed=r)
+        ds = _decisions(features, agent, mask)
+        batched = actor.decide(list(range(len(ds)))[::-1], ds[::-1])[::-1]  # any row order
+        for d, manager, got in zip(ds, alone, batched, strict=True):
+            want = manager.decide([d])[0]
+            assert got.option == want.option
+            assert got.log_prob == pytest.approx(want.log_prob, abs=1e-5)
+            assert got.value == pytest.approx(want.value, abs=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_batched_with_it():
+    pol, critic = policy(), Critic(F, A, hidden=32)
+    actor = PolicyActor(pol, _Identity(), critic=critic, slots=16)
+    for slot in range(16):
+        actor.begin(slot, NoiseSetting("param", 0.5) if slot % 2 else NoiseSetting(), slot)
+    features, agent, mask = states(16)
     with torch.no_grad():
-        logits = pol(features, agent, mask)
-    expected = behaviour_logits(logits, mask, setting)
-    got = behaviour_log_probs(logits.numpy(), mask.numpy(), setting)
-    assert np.array_equal(np.isinf(got), ~mask.numpy())
-    assert np.allclose(got[mask.numpy()], expected[mask].numpy(), atol=1e-5)
+        together = actor.logits(list(range(16)), features, agent, mask)
+        alone = torch.cat([actor.logits([k], features[k:k + 1], agent[k:k + 1], mask[k:k + 1]) for k in range(16)])
+        assert torch.equal(together, alone)
+        shared = actor.logits([0, 2, 4], features[:3], agent[:3], mask[:3])  # unperturbed rows only
+        assert torch.equal(shared, torch.cat([actor.logits([k], features[i:i + 1], agent[i:i + 1], mask[i:i + 1])
+                                              for i, k in enumerate([0, 2, 4])]))
 
 
-def test_numpy_forward_matches_the_modules_and_sees_in_place_updates():
-    pol, critic, (features, agent, mask) = policy(), Critic(F, A, hidden=32), states(32)
-    fast_policy, fast_critic = NumpyForward(pol), NumpyForward(critic)
-    for _ in range(2):  # second round: after an in-place update of the weights
-        with torch.no_grad():
-            want_logits, want_values = pol(features, agent, mask), critic(features, agent)
-        logits = np.where(mask.numpy(), fast_policy(features.numpy(), agent.numpy()), -np.inf)
-        assert np.allclose(logits[mask.numpy()], want_logits[mask].numpy(), atol=1e-5)
-        assert np.allclose(fast_critic(features.numpy(), agent.numpy())[:, 0], want_values.numpy(), atol=1e-5)
-        pol.load_state_dict(policy(seed=7).state_dict())
-        critic.initialise(2.5)
-    assert np.allclose(fast_critic(features.numpy(), agent.numpy()), 2.5)
+def test_an_episodes_perturbation_is_the_one_perturb_draws_from_its_seed():
+    pol, features = policy(), states(8)
+    actor = PolicyActor(pol, _Identity(), slots=3)
+    actor.begin(2, NoiseSetting("param", 0.4), 7)
+    generator = torch.Generator().manual_seed(7)
+    noisy = perturb(pol, sigma=0.4, generator=generator)
+    with torch.no_grad():
+        assert torch.allclose(actor.logits([2] * 8, *features), noisy(*features), atol=1e-5)
+        assert not torch.allclose(actor.logits([2] * 8, *features), pol(*features), atol=1e-3)
+    actor.begin(2, NoiseSetting(), 7)  # the slot's next episode acts with the policy itself
+    with torch.no_grad():
+        assert torch.allclose(actor.logits([2] * 8, *features), pol(*features), atol=1e-6)
 
 
-def test_numpy_forward_names_a_layer_it_cannot_run():
+def test_a_layer_with_no_per_row_form_is_named():
     pol = policy()
     pol.body[2] = torch.nn.ReLU()
-    with pytest.raises(TypeError, match="ReLU.*ManagerPolicy"):
-        NumpyForward(pol)
+    actor = PolicyActor(pol, _Identity(), slots=2)
+    actor.begin(0, NoiseSetting("param", 0.5), 1)
+    with pytest.raises(TypeError, match="ReLU of the manager.s networks"):
+        actor.decide([0], _decisions(*states(1)))
 
 
 def test_a_greedy_manager_does_not_repeat_an_option_that_verified_nothing():

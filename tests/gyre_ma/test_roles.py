@@ -113,7 +113,7 @@ def test_explorer_marks_good_trajectories_elite(workflow):
     assert executor.success and not executor.elite
     short = RolloutTask("explorer", 0, max_steps=40)
     assert not workflow.run(short, None, 0).elite
-    lenient = Explorer(elite_min_score=0.01).play(workflow.kit, short, 0)
+    lenient = workflow.kit.play(short, 0, role=Explorer(elite_min_score=0.01))
     assert not lenient.success and lenient.elite and 0 < lenient.score < 1
 
 

@@ -1,26 +1,27 @@
-"""Primitive env steps/s: the raw env vs gyre-ma's rollout, local and on Ray, one run.
+"""Rollout throughput, side by side in one run: the raw env replaying the framework's own
+actions vs gyre-ma's batched rollout at several ``rollout.num_envs``, on Ray, and flat PPO.
 
-* ``raw`` — ``reset``/``step`` with random actions (drawn before the clock starts), no
-  options, no manager: what the environment alone costs. Random actions make other
-  (shorter, cheaper) episodes than a manager does, so ``raw_same_actions`` also replays
-  the primitive actions the framework's episodes took: same env work, none of ours.
-* ``local`` — the framework's rollout on the local backend: RolloutWorker → role →
-  manager → options → ``run_episode`` → RoleTrajectory.
-* ``ray`` — the same tasks on the Ray backend with ``--workers`` rollout actors (after a
-  warm-up collect that starts the actors and ships the weights, which is not timed), each
-  with ``--pipeline-depth`` calls queued so it never waits on the driver between two, a
-  call playing up to ``--episodes-per-call`` episodes (the backend's defaults: 2 and 4).
-  On 2 cores the driver's per-call cost (submission, ``ray.wait``, bookkeeping: about
-  1 ms of its CPU per call) is taken from the actors; chunks of 4 halve it per episode.
+Per env (techtree_v0 and workflow_v0 by default, the learned manager with parameter noise):
 
-A round is 80 episodes (about 20k steps, about 0.5 s on Ray): long enough that starting and
-draining the actors at its ends is a small share; with 40 that share alone cost Ray ~10 %.
+* ``raw_same_actions`` — ``reset``/``step`` replaying the primitive actions the
+  framework's episodes took (recorded in an untimed pass over the same task seeds): the
+  env's own cost for exactly the framework's work;
+* ``local_<n>`` — the local backend with ``rollout.num_envs = n`` (1, 4, 16, 64 by
+  default): episodes in flight, one batched decision per round. Batched decisions do not
+  change an episode (a row's forward pass does not depend on its batch-mates), so every
+  ``n`` plays the same episodes;
+* ``ray`` — the Ray backend, ``--workers`` actors with the default ``num_envs``, after an
+  untimed warm-up that starts them and ships the weights;
+* ``flat`` — flat PPO's rollout (one decision per agent per primitive step, techtree) on
+  the local backend at the default ``num_envs``, against ``flat_raw``: its own actions replayed.
 
-All four paths run in every round, in a rotating order, and each ratio is the median over
-rounds of the paired per-round ratio, so a burst of noise on this shared machine spoils one
-round rather than the result; the steps/s figures are totals.
-Targets: local ≥ 0.85 × raw; Ray with 2 actors ≥ 1.5 × local on an env-bound workload
-(needs 2 free cores). Prints one JSON object.
+Every path runs in every round, in a rotating order; each ratio is the median over rounds
+of the paired per-round ratio, so a burst of noise on this shared machine spoils one round
+rather than the result. Also reported: decisions/s, and each worker's resident memory
+(this process after each ``num_envs``; each Ray actor). Prints one JSON object.
+
+Targets (issue #19): framework ÷ raw same actions ≥ 0.9 at the best ``num_envs``; flat ÷
+raw ≥ 0.5; Ray with 2 actors ÷ local (default ``num_envs``) ≥ 1.7.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,49 +38,52 @@ import numpy as np
 from gyre_ma.agents.noise import NoiseSetting
 from gyre_ma.backends import make_backend
 from gyre_ma.backends.worker import policy_weights
-from gyre_ma.config import parse_config
+from gyre_ma.config import RolloutConfig, parse_config
 from gyre_ma.roles import RolloutTask
 
-
-def config(env_id: str, manager: str, env_kwargs: dict[str, Any]) -> Any:
-    return parse_config({"seed": 0, "env": {"id": env_id, "kwargs": env_kwargs},
-                         "manager": {"kind": manager, "hidden": 64}})
+DEFAULT_NUM_ENVS = RolloutConfig().num_envs
 
 
-def raw_steps(env: Any, episodes: int, seed: int) -> tuple[int, float]:
-    """Steps and seconds of ``episodes`` random-action episodes."""
-    pool = {a: [env.action_space(a).sample() for _ in range(4096)] for a in env.possible_agents}
-    for a in env.possible_agents:
-        env.action_space(a).seed(seed)
-    steps, start = 0, time.perf_counter()
-    for e in range(episodes):
-        env.reset(seed=seed + e)
-        while env.agents:
-            i = steps % 4096
-            env.step({a: pool[a][i] for a in env.agents})
-            steps += 1
-    return steps, time.perf_counter() - start
+def config(env_id: str, manager: str, num_envs: int, env_kwargs: dict[str, Any] | None = None) -> Any:
+    return parse_config({"seed": 0, "env": {"id": env_id, "kwargs": env_kwargs or {}},
+                         "manager": {"kind": manager, "hidden": 64}, "rollout": {"num_envs": num_envs}})
 
 
 class _Recorder:
-    """Env proxy that records each episode's primitive actions (not timed)."""
+    """Env proxy that records each episode's primitive actions (untimed passes only)."""
 
-    def __init__(self, env: Any) -> None:
-        self.env, self.episodes = env, []
+    def __init__(self, env: Any, episodes: list) -> None:
+        self.env, self.episodes = env, episodes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["env"], name)
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> Any:
         self.episodes.append((seed, []))
+        self._actions = self.episodes[-1][1]
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions: dict[str, Any]) -> Any:
-        self.episodes[-1][1].append(dict(actions))
+        self._actions.append(dict(actions))
         return self.env.step(actions)
 
 
-def replay_steps(env: Any, episodes: list[tuple[int, list[dict[str, Any]]]]) -> tuple[int, float]:
+def record(backend: Any, weights: Any, batch: list[RolloutTask]) -> list[tuple[int, list[dict]]]:
+    """The primitive actions of ``batch``'s episodes, played once (untimed) on ``backend``."""
+    kit = backend.worker.kit
+    episodes: list[tuple[int, list[dict]]] = []
+    made = kit.make_env
+    kit._envs = {slot: _Recorder(env, episodes) for slot, env in kit._envs.items()}
+    kit.make_env = lambda: _Recorder(made(), episodes)
+    try:
+        backend.collect(weights, 0, batch)
+    finally:
+        kit._envs = {slot: env.env for slot, env in kit._envs.items()}
+        kit.make_env = made
+    return episodes
+
+
+def replay(env: Any, episodes: list[tuple[int, list[dict]]]) -> tuple[int, float]:
     steps, start = 0, time.perf_counter()
     for seed, actions in episodes:
         env.reset(seed=seed)
@@ -92,101 +97,137 @@ def tasks(n: int, offset: int, noise: NoiseSetting) -> list[RolloutTask]:
     return [RolloutTask("executor", offset + i, 0, noise) for i in range(n)]
 
 
-def timed_collect(backend: Any, weights: Any, batch: list[RolloutTask]) -> tuple[int, float, float]:
-    """Steps, wall seconds, and seconds the workers spent inside episodes."""
+def collect(backend: Any, weights: Any, batch: list[RolloutTask]) -> tuple[int, float, int]:
+    """Steps, wall seconds and decisions of one collect."""
     start = time.perf_counter()
     trajectories = backend.collect(weights, 0, batch)
-    wall = time.perf_counter() - start
-    return sum(t.length for t in trajectories), wall, sum(t.seconds for t in trajectories)
+    secs = time.perf_counter() - start
+    return sum(t.length for t in trajectories), secs, sum(len(t.calls) for t in trajectories)
+
+
+def rss_mib(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[str, Any]:
+    kwargs = {"milestone_rewards": True} if env_id == "techtree_v0" else {}
+    locals_ = {n: make_backend("local", config(env_id, "learned", n, kwargs)) for n in args.num_envs}
+    first = locals_[args.num_envs[0]].worker.kit
+    weights = policy_weights(first.policy, first.critic)
+    rss: dict[str, float] = {}
+    for n, backend in locals_.items():  # warm up, make every slot's env
+        backend.collect(weights, 0, tasks(n, 90_000, noise))
+        rss[f"local_{n}"] = rss_mib()
+    reference = locals_[DEFAULT_NUM_ENVS] if DEFAULT_NUM_ENVS in locals_ else locals_[args.num_envs[-1]]
+    recorded = [record(reference, weights, tasks(args.episodes, 1000 * r, noise)) for r in range(args.rounds)]
+    replay_env = first.env_for(0)
+    paths = ["raw_same_actions", *(f"local_{n}" for n in args.num_envs)]
+    ray_backend = None
+    if args.workers:
+        ray_backend = make_backend("ray", config(env_id, "learned", DEFAULT_NUM_ENVS, kwargs), workers=args.workers,
+                                   cpus_per_worker=1.0)
+        ray_backend.collect(weights, 0, tasks(2 * args.workers * DEFAULT_NUM_ENVS, 20_000, noise))
+        rss |= {f"ray_actor_{a['worker_id']}": rss_mib(a["pid"]) for a in ray_backend.actor_info()}
+        paths.append("ray")
+    per_round: dict[str, list[tuple[int, float, int]]] = {p: [] for p in paths}
+    for r in range(args.rounds):
+        seed = 1000 * r
+        for name in paths[r % len(paths):] + paths[: r % len(paths)]:
+            if name == "raw_same_actions":
+                per_round[name].append((*replay(replay_env, recorded[r]), 0))
+            elif name == "ray":
+                per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise)))
+            else:
+                per_round[name].append(collect(locals_[int(name.split("_")[1])], weights,
+                                               tasks(args.episodes, seed, noise)))
+    if ray_backend is not None:
+        ray_backend.close()
+    for backend in locals_.values():
+        backend.close()
+    best = max((f"local_{n}" for n in args.num_envs), key=lambda p: _ratio(per_round, p, "raw_same_actions"))
+    out = {
+        "steps_per_s": {p: round(_sps(per_round[p]), 1) for p in paths},
+        "decisions_per_s": {p: round(sum(d for *_, d in per_round[p]) / sum(t for _, t, _ in per_round[p]), 1)
+                            for p in paths if p != "raw_same_actions"},
+        "over_raw_same_actions": {p: round(_ratio(per_round, p, "raw_same_actions"), 3) for p in paths[1:]},
+        "best_num_envs": int(best.split("_")[1]),
+        "best_over_raw_same_actions": round(_ratio(per_round, best, "raw_same_actions"), 3),
+        "rss_mib": rss,
+        "mean_episode_steps": round(sum(s for s, *_ in per_round[paths[1]]) / (args.rounds * args.episodes), 1),
+    }
+    if "ray" in per_round:
+        default = f"local_{DEFAULT_NUM_ENVS}" if DEFAULT_NUM_ENVS in args.num_envs else best
+        out["ray_over_local"] = round(_ratio(per_round, "ray", default), 3)
+        out["ray_over_local_reference"] = default
+    return out
+
+
+def measure_flat(args: argparse.Namespace) -> dict[str, Any]:
+    backend = make_backend("local", config("techtree_v0", "flat", DEFAULT_NUM_ENVS, {"milestone_rewards": True}))
+    kit = backend.worker.kit
+    weights = policy_weights(kit.policy, kit.critic)
+    noise = NoiseSetting("param", 0.1)
+    n = max(2, args.episodes // 8)  # flat episodes are long: every step is a decision
+    backend.collect(weights, 0, tasks(n, 90_000, noise))
+    recorded = [record(backend, weights, tasks(n, 1000 * r, noise)) for r in range(args.rounds)]
+    env = kit.env_for(0)
+    per_round: dict[str, list[tuple[int, float, int]]] = {"flat": [], "flat_raw": []}
+    for r in range(args.rounds):
+        for name in (("flat", "flat_raw") if r % 2 == 0 else ("flat_raw", "flat")):
+            if name == "flat":
+                per_round[name].append(collect(backend, weights, tasks(n, 1000 * r, noise)))
+            else:
+                per_round[name].append((*replay(env, recorded[r]), 0))
+    backend.close()
+    return {"steps_per_s": {p: round(_sps(v), 1) for p, v in per_round.items()},
+            "decisions_per_s": round(sum(d for *_, d in per_round["flat"]) / sum(t for _, t, _ in per_round["flat"]), 1),
+            "flat_over_raw": round(_ratio(per_round, "flat", "flat_raw"), 3), "episodes_per_round": n}
+
+
+def _sps(rows: list[tuple[int, float, int]]) -> float:
+    return sum(s for s, *_ in rows) / sum(t for _, t, _ in rows)
+
+
+def _ratio(per_round: dict[str, list[tuple[int, float, int]]], num: str, den: str) -> float:
+    """Median over rounds of the paired ratio: a burst of machine noise spoils one round."""
+    return float(np.median([(a / t) / (b / u) for (a, t, _), (b, u, _) in
+                            zip(per_round[num], per_round[den], strict=True)]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="workflow_v0")
-    parser.add_argument("--manager", default="oracle", choices=["oracle", "random", "learned"])
-    parser.add_argument("--episodes", type=int, default=80, help="episodes per round and path")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--pipeline-depth", type=int, default=2, help="calls queued per Ray actor")
-    parser.add_argument("--episodes-per-call", type=int, default=4, help="most episodes one Ray call plays")
-    parser.add_argument("--max-cycles", type=int, default=None)
+    parser.add_argument("--envs", default="techtree_v0,workflow_v0")
+    parser.add_argument("--num-envs", default="1,4,16,64", help="rollout.num_envs values to compare")
+    parser.add_argument("--episodes", type=int, default=64, help="episodes per round and path")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2, help="Ray actors (0: no Ray path)")
+    parser.add_argument("--no-flat", action="store_true", help="skip flat PPO")
     args = parser.parse_args()
+    args.num_envs = [int(n) for n in args.num_envs.split(",")]
 
-    kwargs = {} if args.max_cycles is None else {"max_cycles": args.max_cycles}
-    cfg = config(args.env, args.manager, kwargs)
-    noise = NoiseSetting("param", 0.1) if args.manager == "learned" else NoiseSetting()
-    local = make_backend("local", cfg)
-    kit = local.worker.kit
-    weights = policy_weights(kit.policy, kit.critic) if kit.learns else None
-    env = kit.env
+    noise = NoiseSetting("param", 0.1)
+    if args.workers:
+        import ray
 
-    raw_steps(env, 2, 10_000)  # warm up both paths
-    local.collect(weights, 0, tasks(2, 10_000, noise))
-    recorder = _Recorder(env)
-    kit.env = recorder
-    for r in range(args.rounds):
-        local.collect(weights, 0, tasks(args.episodes, 1000 * r, noise))
-    kit.env = env
-    recorded = [recorder.episodes[r * args.episodes:(r + 1) * args.episodes] for r in range(args.rounds)]
-
-    import ray
-
-    ray.init(num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
-    paths = ("raw", "raw_same_actions", "local", "ray")
-    per_round: dict[str, list[tuple[int, float]]] = {p: [] for p in paths}
-    busy = 0.0
+        ray.init(num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     try:
-        backend = make_backend("ray", cfg, workers=args.workers, cpus_per_worker=1.0,
-                               pipeline_depth=args.pipeline_depth, episodes_per_call=args.episodes_per_call)
-        backend.collect(weights, 0, tasks(2 * args.workers, 20_000, noise))  # start actors, ship weights
-        for r in range(args.rounds):
-            seed = 1000 * r
-            for name in paths[r % 4:] + paths[: r % 4]:  # rotate the order: noise hits every path
-                if name == "raw":
-                    steps, secs = raw_steps(env, args.episodes, seed)
-                elif name == "raw_same_actions":
-                    steps, secs = replay_steps(env, recorded[r])
-                elif name == "local":
-                    steps, secs = timed_collect(local, weights, tasks(args.episodes, seed, noise))[:2]
-                else:
-                    steps, secs, inside = timed_collect(backend, weights, tasks(args.episodes, seed, noise))
-                    busy += inside
-                per_round[name].append((steps, secs))
-        backend.close()
+        results = {env_id: measure(env_id, args, noise) for env_id in args.envs.split(",")}
+        flat = None if args.no_flat else measure_flat(args)
     finally:
-        ray.shutdown()
-        local.close()
+        if args.workers:
+            import ray
 
-    def sps(name: str) -> float:
-        return sum(s for s, _ in per_round[name]) / sum(t for _, t in per_round[name])
-
-    def ratio(num: str, den: str) -> float:
-        """Median over rounds of the paired ratio: a burst of machine noise spoils one round."""
-        return float(np.median([(a / t) / (b / u) for (a, t), (b, u) in zip(per_round[num], per_round[den])]))
-
-    ray_steps = sum(s for s, _ in per_round["ray"])
-    ray_secs = sum(t for _, t in per_round["ray"])
+            ray.shutdown()
     print(json.dumps({
-        "env": args.env, "manager": args.manager, "episodes_per_round": args.episodes, "rounds": args.rounds,
-        "ray_workers": args.workers, "pipeline_depth": args.pipeline_depth,
-        "episodes_per_call": args.episodes_per_call, "cpu_count": os.cpu_count(),
-        "load_avg_1m": os.getloadavg()[0],
-        "raw_steps_per_s": round(sps("raw"), 1),
-        "raw_same_actions_steps_per_s": round(sps("raw_same_actions"), 1),
-        "local_steps_per_s": round(sps("local"), 1),
-        "ray_steps_per_s": round(sps("ray"), 1),
-        "local_over_raw": round(ratio("local", "raw"), 3),
-        "local_over_raw_same_actions": round(ratio("local", "raw_same_actions"), 3),
-        "ray_over_local": round(ratio("ray", "local"), 3),
-        "ray_parallelism": round(busy / ray_secs, 3),
-        "ray_in_episode_steps_per_s_per_actor": round(ray_steps / busy, 1),
-        "mean_episode_steps": {"raw": round(sum(s for s, _ in per_round["raw"]) / (args.rounds * args.episodes), 1),
-                               "framework": round(sum(s for s, _ in per_round["local"]) / (args.rounds * args.episodes), 1)},
-        "per_round_steps_per_s": {p: [round(a / t) for a, t in per_round[p]] for p in paths},
-        "targets": {"local_over_raw": 0.85, "ray_over_local": 1.5},
+        "episodes_per_round": args.episodes, "rounds": args.rounds, "num_envs": args.num_envs,
+        "default_num_envs": DEFAULT_NUM_ENVS, "ray_workers": args.workers, "cpu_count": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0], "envs": results, "flat": flat,
+        "targets": {"best_over_raw_same_actions": 0.9, "flat_over_raw": 0.5, "ray_over_local": 1.7},
     }))
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()

@@ -449,6 +449,8 @@ class PolicyActor:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.policy, self.featurizer, self.critic, self.state_scaler = policy, featurizer, critic, state_scaler
         self.slots = [_Slot() for _ in range(slots)]
+        self._policy_forward = RowwiseForward(policy)
+        self._critic_forward = RowwiseForward(critic) if critic is not None else None
         self._stacks: dict[str, Tensor] | None = None
         """Parameter name → [slots, *shape]: each slot's acting weights (allocated at the first perturbation)."""
 
@@ -490,13 +492,16 @@ class PolicyActor:
         mask = torch.from_numpy(mask_np)
         rows = [self.slots[k] for k in slots]
         logits = self.logits(slots, features, agent, mask)
-        log_probs = torch.empty_like(logits)
         settings: dict[NoiseSetting, list[int]] = {}
         for i, s in enumerate(rows):
             settings.setdefault(NO_NOISE if s.greedy else s.noise, []).append(i)
-        for setting, idx in settings.items():
-            at = torch.tensor(idx)
-            log_probs[at] = behaviour_logits(logits[at], mask[at], setting)
+        if len(settings) == 1:
+            log_probs = behaviour_logits(logits, mask, next(iter(settings)))
+        else:  # each row under its episode's own setting (the ops are row by row)
+            log_probs = torch.empty_like(logits)
+            for setting, idx in settings.items():
+                at = torch.tensor(idx)
+                log_probs[at] = behaviour_logits(logits[at], mask[at], setting)
         lp = log_probs.numpy()
         options = np.empty(n, dtype=np.int64)
         greedy = [i for i, s in enumerate(rows) if s.greedy]
@@ -525,7 +530,7 @@ class PolicyActor:
         if perturbed:  # every row its slot's weights (an unperturbed slot's row holds the policy's)
             idx = torch.tensor(list(slots), dtype=torch.long)
             rows = {name: stack[idx] for name, stack in self._stacks.items()}
-        return rowwise(self.policy, features, agent, rows)
+        return self._policy_forward(features, agent, rows)
 
     def _values(self, decisions: Sequence[Decision], features: Tensor, agent: Tensor) -> np.ndarray:
         if self.critic is None:
@@ -534,7 +539,7 @@ class PolicyActor:
             x = torch.from_numpy(np.stack([self.state_scaler(d.env.state()) for d in decisions]).astype(np.float32))
         else:
             x = features
-        return rowwise(self.critic, x, agent).squeeze(-1).numpy()
+        return self._critic_forward(x, agent).squeeze(-1).numpy()
 
     @staticmethod
     def _untried_argmax(rows: Sequence[_Slot], decisions: Sequence[Decision], log_probs: np.ndarray) -> np.ndarray:
@@ -554,33 +559,56 @@ class PolicyActor:
         return np.array([option for *_, option in options], dtype=np.int64)
 
 
-def rowwise(module: ManagerPolicy | Critic, x: Tensor, agent: Tensor,
-            rows: Mapping[str, Tensor] | None = None) -> Tensor:
-    """The head output [B, ·] of a policy or critic (agent embedding, layer-normalised
-    body, head) computed row by row, as batched matrix products: a row's result does not
-    depend on the rows batched with it, so an episode plays the same in any batch.
-    ``rows``: per-row parameters (name → [B, *shape]) in place of the module's own."""
-    n = x.shape[0]
-    if rows is None:
-        own = dict(module.named_parameters())
-        rows = {name: p.expand(n, *p.shape) for name, p in own.items()}
-    x = torch.cat([x, rows["agent_embedding.weight"][torch.arange(n), agent]], dim=-1)
-    for i, layer in enumerate(module.body):
-        x = _row_layer(layer, x, rows, f"body.{i}")
-    return _row_layer(module.head, x, rows, "head")
+class RowwiseForward:
+    """A policy's or critic's forward pass (agent embedding, layer-normalised body, head)
+    computed row by row: every linear layer is a batched matrix product of [B, 1, in]
+    rows, every other op elementwise, so a row's result does not depend on the rows
+    batched with it and an episode plays the same in any batch. ``rows`` (parameter name
+    → [B, *shape]) gives each row its own parameters in place of the module's own.
 
+    The layers are read once, here; the parameters are used through views, so in-place
+    updates (``load_state_dict``) show through."""
 
-def _row_layer(layer: nn.Module, x: Tensor, p: Mapping[str, Tensor], name: str) -> Tensor:
-    """One layer with each row's own parameters ``p[name + ".weight"]`` [B, ...]."""
-    if isinstance(layer, nn.Linear):
-        return torch.baddbmm(p[f"{name}.bias"].unsqueeze(1), x.unsqueeze(1),
-                             p[f"{name}.weight"].transpose(1, 2)).squeeze(1)
-    if isinstance(layer, nn.LayerNorm):
-        return F.layer_norm(x, layer.normalized_shape, eps=layer.eps) * p[f"{name}.weight"] + p[f"{name}.bias"]
-    if isinstance(layer, nn.Tanh):
-        return torch.tanh(x)
-    raise TypeError(f"no row-by-row form for layer {type(layer).__name__} of the manager's networks; "
-                    "expected Linear, LayerNorm or Tanh")
+    def __init__(self, module: ManagerPolicy | Critic) -> None:
+        params = dict(module.named_parameters())
+        self.embedding = params["agent_embedding.weight"]
+        self.layers: list[tuple[int, str, str, Tensor | None, Tensor | None, float]] = []
+        """Per layer: its kind (0 linear, 1 norm, 2 tanh), the names of its weight and bias,
+        the module's own weight and bias shaped for the row-wise ops, its eps."""
+        for name, layer in [*((f"body.{i}", layer) for i, layer in enumerate(module.body)), ("head", module.head)]:
+            w, b = f"{name}.weight", f"{name}.bias"
+            if isinstance(layer, nn.Linear):
+                self.layers.append((0, w, b, params[w].t().unsqueeze(0), params[b].view(1, 1, -1), 0.0))
+            elif isinstance(layer, nn.LayerNorm) and layer.elementwise_affine and len(layer.normalized_shape) == 1:
+                self.layers.append((1, w, b, params[w].view(1, 1, -1), params[b].view(1, 1, -1), float(layer.eps)))
+            elif isinstance(layer, nn.Tanh):
+                self.layers.append((2, w, b, None, None, 0.0))
+            else:
+                raise TypeError(f"no row-by-row form for layer {type(layer).__name__} of {type(module).__name__}; "
+                                "expected Linear, LayerNorm or Tanh")
+
+    def __call__(self, x: Tensor, agent: Tensor, rows: Mapping[str, Tensor] | None = None) -> Tensor:
+        n = x.shape[0]
+        if rows is None:
+            h = torch.cat([x, self.embedding[agent]], dim=-1).unsqueeze(1)  # [B, 1, features]
+            for kind, _, _, w, b, eps in self.layers:
+                if kind == 0:
+                    h = torch.baddbmm(b, h, w.expand(n, -1, -1))
+                elif kind == 1:  # the normalisation, then its affine elementwise
+                    h = torch.addcmul(b, F.layer_norm(h, h.shape[-1:], eps=eps), w)
+                else:
+                    h = torch.tanh(h)
+            return h.squeeze(1)
+        h = torch.cat([x, rows["agent_embedding.weight"][torch.arange(n), agent]], dim=-1).unsqueeze(1)
+        for kind, wname, bname, _, _, eps in self.layers:
+            if kind == 0:
+                h = torch.baddbmm(rows[bname].unsqueeze(1), h, rows[wname].transpose(1, 2))
+            elif kind == 1:  # elementwise: a row gets what the shared affine would give it
+                h = torch.addcmul(rows[bname].unsqueeze(1), F.layer_norm(h, h.shape[-1:], eps=eps),
+                                  rows[wname].unsqueeze(1))
+            else:
+                h = torch.tanh(h)
+        return h.squeeze(1)
 
 
 class NoisyManager:

@@ -306,10 +306,8 @@ def test_an_episodes_perturbation_is_the_one_perturb_draws_from_its_seed():
 def test_a_layer_with_no_per_row_form_is_named():
     pol = policy()
     pol.body[2] = torch.nn.ReLU()
-    actor = PolicyActor(pol, _Identity(), slots=2)
-    actor.begin(0, NoiseSetting("param", 0.5), 1)
-    with pytest.raises(TypeError, match="ReLU of the manager.s networks"):
-        actor.decide([0], _decisions(*states(1)))
+    with pytest.raises(TypeError, match="ReLU of ManagerPolicy; expected Linear, LayerNorm or Tanh"):
+        PolicyActor(pol, _Identity(), slots=2)
 
 
 def test_a_greedy_manager_does_not_repeat_an_option_that_verified_nothing():

@@ -528,8 +528,11 @@ class PolicyActor:
         perturbed = self._stacks is not None and any(self.slots[k].perturbed for k in slots)
         rows = None
         if perturbed:  # every row its slot's weights (an unperturbed slot's row holds the policy's)
-            idx = torch.tensor(list(slots), dtype=torch.long)
-            rows = {name: stack[idx] for name, stack in self._stacks.items()}
+            if len(slots) == len(self.slots) and all(k == i for i, k in enumerate(slots)):
+                rows = self._stacks  # a full round, in slot order: no gather
+            else:
+                idx = torch.tensor(list(slots), dtype=torch.long)
+                rows = {name: stack[idx] for name, stack in self._stacks.items()}
         return self._policy_forward(features, agent, rows)
 
     def _values(self, decisions: Sequence[Decision], features: Tensor, agent: Tensor) -> np.ndarray:

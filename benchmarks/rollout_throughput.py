@@ -97,11 +97,16 @@ def tasks(n: int, offset: int, noise: NoiseSetting) -> list[RolloutTask]:
     return [RolloutTask("executor", offset + i, 0, noise) for i in range(n)]
 
 
-def collect(backend: Any, weights: Any, batch: list[RolloutTask]) -> tuple[int, float, int]:
+SUBPOLICY_SECONDS: dict[str, float] = {}
+"""Per path: seconds spent inside the options' sub-policies (the library's code), summed."""
+
+
+def collect(backend: Any, weights: Any, batch: list[RolloutTask], path: str) -> tuple[int, float, int]:
     """Steps, wall seconds and decisions of one collect."""
     start = time.perf_counter()
     trajectories = backend.collect(weights, 0, batch)
     secs = time.perf_counter() - start
+    SUBPOLICY_SECONDS[path] = SUBPOLICY_SECONDS.get(path, 0.0) + sum(t.subpolicy_seconds for t in trajectories)
     return sum(t.length for t in trajectories), secs, sum(len(t.calls) for t in trajectories)
 
 
@@ -139,10 +144,10 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
             if name == "raw_same_actions":
                 per_round[name].append((*replay(replay_env, recorded[r]), 0))
             elif name == "ray":
-                per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise)))
+                per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise), name))
             else:
                 per_round[name].append(collect(locals_[int(name.split("_")[1])], weights,
-                                               tasks(args.episodes, seed, noise)))
+                                               tasks(args.episodes, seed, noise), f"{env_id}/{name}"))
     if ray_backend is not None:
         ray_backend.close()
     for backend in locals_.values():
@@ -155,6 +160,14 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
         "over_raw_same_actions": {p: round(_ratio(per_round, p, "raw_same_actions"), 3) for p in paths[1:]},
         "best_num_envs": int(best.split("_")[1]),
         "best_over_raw_same_actions": round(_ratio(per_round, best, "raw_same_actions"), 3),
+        # the same, with the time inside the library's sub-policies (its own code, which the
+        # raw replay does not run) taken out of the framework's: gyre-ma's overhead alone
+        "best_over_raw_excluding_subpolicies": round(
+            sum(s for s, *_ in per_round[best]) / (sum(t for _, t, _ in per_round[best])
+                                                   - SUBPOLICY_SECONDS[f"{env_id}/{best}"])
+            / _sps(per_round["raw_same_actions"]), 3),
+        "subpolicy_share_of_time": {p: round(SUBPOLICY_SECONDS[f"{env_id}/{p}"] / sum(t for _, t, _ in per_round[p]), 3)
+                                    for p in paths if p.startswith("local_")},
         "rss_mib": rss,
         "mean_episode_steps": round(sum(s for s, *_ in per_round[paths[1]]) / (args.rounds * args.episodes), 1),
     }
@@ -178,7 +191,7 @@ def measure_flat(args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.rounds):
         for name in (("flat", "flat_raw") if r % 2 == 0 else ("flat_raw", "flat")):
             if name == "flat":
-                per_round[name].append(collect(backend, weights, tasks(n, 1000 * r, noise)))
+                per_round[name].append(collect(backend, weights, tasks(n, 1000 * r, noise), "flat"))
             else:
                 per_round[name].append((*replay(env, recorded[r]), 0))
     backend.close()

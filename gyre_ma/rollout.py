@@ -101,6 +101,8 @@ class Trajectory:
     """Options whose call ran past ``backend.option_timeout_s`` (ended as failures)."""
     timed_out: bool = False
     """The episode ran past ``backend.episode_timeout_s`` and was cut, as a truncation."""
+    subpolicy_seconds: float = 0.0
+    """Wall time spent inside the options' sub-policies (the user's code), for profiling."""
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]
@@ -331,7 +333,9 @@ def play_episode(
                                             f"{run.option.name!r} (agent {a!r})", exc) from exc
                     finally:
                         watch.option_deadline = math.inf
-                        run.spent += time.perf_counter() - started
+                        spent = time.perf_counter() - started
+                        run.spent += spent
+                        traj.subpolicy_seconds += spent
                     timed_out = action is OptionTimeout or run.spent > option_limit
                     if timed_out or action is CANNOT_PROCEED:  # the call ends without a step
                         if timed_out:
@@ -441,6 +445,21 @@ def action_check(space: Any, agent: str) -> Callable[[Any, str], Any]:
             raise _bad_action(option, agent, action, f"an integer in [{low}, {high}) for {space}")
 
         return discrete
+
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        bounds = list(zip(space.start.tolist(), (space.start + space.nvec).tolist(), strict=True))
+
+        def multi_discrete(action: Any, option: str) -> Any:  # space.contains costs ~30 µs a step
+            if isinstance(action, np.ndarray) and action.shape == (len(bounds),) and action.dtype.kind in "iu":
+                if all(lo <= a < hi for a, (lo, hi) in zip(action.tolist(), bounds)):
+                    return action
+            elif isinstance(action, (list, tuple)) and len(action) == len(bounds) and all(
+                    isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) and lo <= a < hi
+                    for a, (lo, hi) in zip(action, bounds)):
+                return action
+            raise _bad_action(option, agent, action, f"integers within {space}")
+
+        return multi_discrete
 
     def general(action: Any, option: str) -> Any:
         try:

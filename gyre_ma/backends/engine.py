@@ -27,6 +27,7 @@ env and goes on with the others; with ``faults="raise"`` it raises at once.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,8 @@ class _InFlight:
     task: RolloutTask
     role: Role
     play: Generator[Decision, Choice, Any]
-    decision: Decision
+    decision: Decision | None
+    """The decision it waits on (None before its first)."""
     started: float
 
 
@@ -64,8 +66,6 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
     once; one result per task, in task order: its trajectory, its fault (``faults=
     "collect"``), or None for a task never started because ``stop()`` said so (it is
     asked before each new episode; episodes in flight always finish)."""
-    import time
-
     results: list[Any] = [None] * len(tasks)
     queue = deque(enumerate(tasks))
     slots: list[_InFlight | None] = [None] * min(kit.num_envs, len(tasks))
@@ -77,39 +77,39 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
         results[index] = EpisodeFault(index, exc)
         kit.discard_env(slot)  # its state is unknown now; the slot gets a fresh env
 
-    def advance(slot: int, flight: _InFlight, choice: Choice | None) -> None:
-        """Run the slot's episode to its next decision; when it ends, record it and start the next task."""
+    def advance(slot: int, flight: _InFlight, choice: Choice | None) -> bool:
+        """Run the slot's episode to its next decision (True); or, when it ends, record its
+        trajectory or fault and free the slot (False)."""
         try:
             flight.decision = next(flight.play) if choice is None else flight.play.send(choice)
-            return
+            return True
         except StopIteration as done:
             results[flight.index] = flight.role.finish(kit.tag(done.value, flight.task, worker=worker,
                                                                  seconds=time.perf_counter() - flight.started))
         except Exception as exc:  # noqa: BLE001 - the env's or a user's fault: it costs this episode only
             fault(slot, flight.index, exc)
         slots[slot] = None
-        start(slot)
+        return False
 
-    def start(slot: int) -> None:
-        while queue and slots[slot] is None and not (stop is not None and stop()):
+    def fill(slot: int) -> None:
+        """Give an empty slot the next task (unless ``stop()``), run to its first decision;
+        again while episodes end before any decision."""
+        while slots[slot] is None and queue and not (stop is not None and stop()):
             index, task = queue.popleft()
             role = roles[task.role]
             played = role.prepare(task)
-            try:
-                play = kit.episode(slot, played, version, deciders)
-            except Exception as exc:  # noqa: BLE001 - building the env or the episode's manager failed
-                fault(slot, index, exc)
-                continue
-            slots[slot] = flight = _InFlight(index, played, role, play, None, time.perf_counter())  # type: ignore[arg-type]
+            slots[slot] = flight = _InFlight(index, played, role, kit.episode(slot, played, version, deciders),
+                                             None, time.perf_counter())
             advance(slot, flight, None)
 
     for slot in range(len(slots)):
-        start(slot)
+        fill(slot)
     while True:
         live = [(slot, f) for slot, f in enumerate(slots) if f is not None]
         if not live:
             break
         choices = deciders.decide([slot for slot, _ in live], [f.decision for _, f in live])
         for (slot, flight), choice in zip(live, choices, strict=True):
-            advance(slot, flight, choice)
+            if not advance(slot, flight, choice):
+                fill(slot)
     return results

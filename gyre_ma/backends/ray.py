@@ -121,7 +121,7 @@ class RayBackend:
                  max_attempts: int = 3, sample_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  cpus_per_worker: float = 1.0, roles: Mapping[str, Role] | None = None,
                  init: Mapping[str, Any] | None = None, pipeline_depth: int = 2,
-                 episodes_per_call: int = 4) -> None:
+                 episodes_per_call: int = 16) -> None:
         """``workers``: a number of actors that play any role, or actors per role
         (``{"explorer": 1, "executor": 2}``). ``init``: keyword arguments for ``ray.init``.
         ``pipeline_depth``: calls queued on one actor at a time (1: none waits).

@@ -49,6 +49,12 @@ def test_other_action_spaces_are_checked_by_their_own_contains():
     for bad in (np.array([np.nan, 0.0], dtype=np.float32), np.ones(3, dtype=np.float32), None):
         with pytest.raises(ValueError, match="option 'move' .*agent 'a'"):
             check(bad, "move")
+    check = action_check(spaces.MultiDiscrete([3, 4], start=[1, 0]), "a")
+    for good in (np.array([1, 3]), np.array([3, 0], dtype=np.int8), [2, 1], (1, np.int64(2))):
+        assert check(good, "call") is good
+    for bad in (np.array([0, 0]), np.array([1, 4]), np.array([1.0, 2.0]), np.array([1, 2, 0]), [1, True], None, 5):
+        with pytest.raises(ValueError, match=r"option 'call' .*agent 'a'.*integers within MultiDiscrete"):
+            check(bad, "call")
 
 
 def test_an_exception_in_a_sub_policy_or_predicate_names_it_and_the_users_line():

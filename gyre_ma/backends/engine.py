@@ -20,6 +20,9 @@ Semantics are those of one episode at a time: each episode's task seed, manager 
 noise and policy version are its own, and its trajectory is what
 :func:`~gyre_ma.rollout.run_episode` would return up to float round-off of the batched
 forward pass; for a given (seed, ``num_envs``) the results are identical run to run.
+Each slot has an env of its own, so an option must act on the env it is given
+(``ctx.env``), never on one its library's factory saw: that one is slot 0's.
+
 A fault (an exception in an env or a user's option) costs only its own episode: with
 ``faults="collect"`` the engine records it (:class:`EpisodeFault`), drops that slot's
 env and goes on with the others; with ``faults="raise"`` it raises at once.

@@ -144,3 +144,26 @@ def test_async_polls_play_a_policy_version_at_a_time(weights):
     assert [t.policy_version for t in got] == [0, 0, 1, 1]
     assert [fingerprint(t) for t in got] == [fingerprint(t) for t in
                                             backend.collect(weights, 0, tasks[:2]) + backend.collect(weights, 1, tasks[2:])]
+
+
+@pytest.mark.parametrize("env, library, kwargs", [
+    ("coverage_v0", None, {}),
+    ("gyre_ma.envs.minigrid_doorkey:make_env", "gyre_ma.envs.minigrid_doorkey:make_library", {}),
+    ("gyre_ma.envs.minigrid_tasks:make_locked_room", "gyre_ma.envs.minigrid_tasks:locked_room_library", {}),
+    ("gyre_ma.envs.overcooked_kitchen:make_env", "gyre_ma.envs.overcooked_kitchen:make_library",
+     {"layout": "cramped_room"}),
+    ("techtree_v0", None, {"max_cycles": 300}),
+])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_every_shipped_library_plays_the_same_episodes_at_any_num_envs(env, library, kwargs):
+    """Options act on their own slot's env (ctx.env), never on an env their factory saw."""
+    def worker(num_envs: int) -> RolloutWorker:
+        data = {"seed": 0, "env": {"id": env, "kwargs": kwargs}, "manager": {"hidden": 16},
+                "rollout": {"num_envs": num_envs}}
+        return RolloutWorker(parse_config(data | ({"library": library} if library else {})))
+
+    one, many = worker(1), worker(3)
+    weights = policy_weights(one.kit.policy, one.kit.critic)
+    tasks = [RolloutTask("explorer", s, 0, NoiseSetting("param", 0.3)) for s in range(5)]
+    assert [fingerprint(t) for t in one.run_many(tasks, weights, 0)] == [
+        fingerprint(t) for t in many.run_many(tasks, weights, 0)]

@@ -431,8 +431,9 @@ class PolicyActor:
     Each slot holds one episode's exploration, set by :meth:`begin`: parameter noise draws
     that episode's perturbed weights into the slot's row of a stacked copy of the policy's
     parameters (rows of unperturbed slots hold the policy's own), so a batch whose rows
-    carry different perturbations runs as batched matrix products over the gathered rows;
-    a batch with no perturbed row runs the policy module itself. Sampling draws from the
+    carry different perturbations runs over the gathered rows, and one with no perturbed
+    row on the policy's own parameters; both row by row (:class:`RowwiseForward`), so a
+    row's result is the same in any batch. Sampling draws from the
     slot's generator, one uniform per decision in the episode's decision order, so an
     episode's choices do not depend on which other episodes share its batches.
 

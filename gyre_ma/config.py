@@ -307,7 +307,8 @@ class RolloutConfig(_Section):
     num_envs: int = Field(16, ge=1, le=1024)
     """Episodes each worker (this process, or each Ray actor) keeps in flight, each in an
     env of its own; every round, the pending decisions of all of them are made in one
-    batched forward pass. Results are deterministic for a given (seed, num_envs)."""
+    batched forward pass. An episode plays the same at any ``num_envs`` (a row's forward
+    pass does not depend on its batch-mates); only the speed changes."""
 
 
 class BackendConfig(_Section):

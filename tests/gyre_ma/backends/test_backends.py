@@ -272,7 +272,7 @@ def test_a_fault_inside_a_chunk_costs_only_its_episode(ray_backend, local, fault
 
 def test_chunks_shrink_as_the_queue_runs_low(ray_backend):
     backend = ray_backend
-    assert backend.episodes_per_call == 4 and backend.pipeline_depth == 2 and len(backend._slots) == 2
+    assert backend.episodes_per_call == 16 and backend.pipeline_depth == 2 and len(backend._slots) == 2
     try:
         backend._queue.extend(_Job(RolloutTask("executor", s), 0, s) for s in range(12))
         sizes = []
@@ -281,7 +281,7 @@ def test_chunks_shrink_as_the_queue_runs_low(ray_backend):
             sizes.append(1 + len(backend._chunk_after(job, backend._slots[0])))
     finally:
         backend._queue.clear()
-    assert sizes == [3, 3, 2, 1, 1, 1, 1]  # even shares of 2 actors x 2 calls, capped at 4
+    assert sizes == [3, 3, 2, 1, 1, 1, 1]  # even shares of 2 actors x 2 calls (below the cap of 16)
     assert sum(sizes) == 12
 
 

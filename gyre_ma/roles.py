@@ -91,7 +91,8 @@ class RoleTrajectory(Trajectory):
     verified: bool | None = None
     """None until an evaluator re-checked it; then whether its claims held."""
     seconds: float = 0.0
-    """Wall time the worker spent playing the episode."""
+    """Wall time from the episode's start to its end (in a batched worker, shared with the
+    episodes in flight beside it)."""
 
 
 def tag(traj: Trajectory, **meta: Any) -> RoleTrajectory:

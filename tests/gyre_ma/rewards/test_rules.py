@@ -161,6 +161,8 @@ def test_a_broken_rule_is_reported_by_name_disabled_and_not_counted(graph, two_a
     assert "broken_one" not in res.evaluated and all("broken_one" not in p for p in res.paid)
     assert res.process == (0.0, 0.0, 1.0, 1.0)  # the healthy rule still pays
     assert list(engine.broken) == ["broken_one"] and len(engine.errors) == 1
+    if "raised" in why:  # the user's line, for a check that raised
+        assert f"(at {__file__}:" in engine.errors[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # disabled: not evaluated (or warned about) again
         res = engine.end_episode(two_agent_episode(), env)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -138,9 +138,18 @@ def perturb(policy: ManagerPolicy, *, sigma: float, generator: torch.Generator,
         noisy = out
         for dst, src in zip(noisy.state_dict().values(), policy.state_dict().values(), strict=True):
             dst.copy_(src)
-    for _, p in _perturbable(noisy, include_layernorm):
-        p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) * sigma)  # CPU draws
+    params = dict(noisy.named_parameters())
+    for name, delta in perturbation(noisy, sigma=sigma, generator=generator, include_layernorm=include_layernorm):
+        params[name].add_(delta.to(params[name].device))
     return noisy
+
+
+def perturbation(policy: ManagerPolicy, *, sigma: float, generator: torch.Generator,
+                 include_layernorm: bool = False) -> Iterator[tuple[str, Tensor]]:
+    """The N(0, σ²) draws of a perturbation, parameter by parameter (name, CPU tensor), in
+    the order :func:`perturb` and :class:`PolicyActor` add them."""
+    for name, p in _perturbable(policy, include_layernorm):
+        yield name, torch.randn(p.shape, generator=generator, dtype=p.dtype) * sigma
 
 
 @torch.no_grad()
@@ -471,8 +480,9 @@ class PolicyActor:
         for name, p in params.items():
             stacks[name][slot].copy_(p)
         if s.perturbed:
-            for name, p in _perturbable(self.policy, noise.include_layernorm):
-                stacks[name][slot].add_(torch.randn(p.shape, generator=s.generator, dtype=p.dtype) * noise.scale)
+            for name, delta in perturbation(self.policy, sigma=noise.scale, generator=s.generator,
+                                            include_layernorm=noise.include_layernorm):
+                stacks[name][slot].add_(delta)
 
     def _allocate(self) -> dict[str, Tensor]:
         if self._stacks is None:

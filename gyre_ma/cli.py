@@ -94,13 +94,13 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
+    from gyre_ma.options.yaml_file import load_yaml
+
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise UsageError(f"--set: expected KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
-        from gyre_ma.options.yaml_file import load_yaml
-
         out[key] = load_yaml(value, f"--set {key}: the value {value[:100]!r}", UsageError)
     return out
 

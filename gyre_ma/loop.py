@@ -50,6 +50,8 @@ class Gyre:
         self.noise = RoleNoise({role: role_exploration(noise, iterations=t.iterations, seed=config.seed + offset)
                                 for role, (n, noise, offset) in roles.items() if n})  # roles that play episodes
         self.backend = make_backend(config.backend.name, config, **config.backend.options)
+        self._backend_seen: dict[str, float] = {}
+        """The backend's counters at the last iteration's end (its metrics are the increments)."""
         self.verifier = kit if r.verify_elite and r.explorers else None
         self.rewards = RewardScorer(config.rewards, self.library.graph, featurizer=self.featurizer,
                                     n_options=len(self.library), option_names=self.library.names,
@@ -212,8 +214,7 @@ class Gyre:
         """The backend's fault counters (restarts, timeouts, re-issued and requeued
         episodes, …) as this iteration's increments, so a resumed run logs what an
         uninterrupted one would; ``backend/pending`` as it stands."""
-        stats = self.backend.stats()
-        seen = getattr(self, "_backend_seen", {})
+        stats, seen = self.backend.stats(), self._backend_seen
         self._backend_seen = stats
         return {k: v if k == "backend/pending" else v - seen.get(k, 0.0) for k, v in stats.items()}
 

@@ -79,7 +79,9 @@ class Monitor:
                 raise OSError(errno.ENOSPC, "short write appending a metrics row", str(self.csv_path))
             os.fsync(fd)
         except OSError as exc:
-            raise (named(exc, self.csv_path) if exc.filename is None else exc) from exc
+            if exc.filename is None:  # a write's error names no file: name it
+                raise named(exc, self.csv_path) from exc
+            raise
         finally:
             os.close(fd)
 

@@ -242,11 +242,16 @@ class TrajectoryStore:
     def _enforce_bound(self) -> None:
         """Delete the oldest chunks while the files exceed ``max_bytes``; the newest stays."""
         while self.max_bytes is not None and self.nbytes > self.max_bytes and len(self._chunks) > 1:
-            oldest = self._chunks.pop(next(iter(self._chunks)))
-            for kind in ("trajectories", "calls", "steps"):
-                self._path(kind, oldest.number).unlink()
-            for tid in oldest.ids:
-                del self._summaries[tid]
+            self._delete_chunk(next(iter(self._chunks)))
+
+    def _delete_chunk(self, number: int) -> None:
+        """Delete a committed chunk, trajectories file first (so a crash midway leaves the
+        other two, which the next open removes), and forget its trajectories."""
+        chunk = self._chunks.pop(number)
+        for kind in ("trajectories", "calls", "steps"):
+            self._path(kind, number).unlink()
+        for tid in chunk.ids:
+            del self._summaries[tid]
 
     def discard_from(self, traj_id: int) -> list[int]:
         """Delete every trajectory with an id of ``traj_id`` or more, staged or written;
@@ -260,6 +265,8 @@ class TrajectoryStore:
         keep = [k for k, tid in enumerate(self._staged_ids) if tid < traj_id]
         self._staged = [self._staged[k] for k in keep]
         self._staged_ids = [self._staged_ids[k] for k in keep]
+        for tid in gone:
+            del self._summaries[tid]
         for number, chunk in list(self._chunks.items()):
             after = [tid for tid in chunk.ids if tid >= traj_id]
             if not after:
@@ -268,15 +275,11 @@ class TrajectoryStore:
                 raise ValueError(f"trajectory store {str(self.root)!r}: chunk {number} holds trajectories "
                                  f"{min(chunk.ids)}–{max(chunk.ids)}, on both sides of {traj_id}; "
                                  "it was not written by this run's checkpoints")
-            for kind in ("trajectories", "calls", "steps"):
-                self._path(kind, number).unlink()
-            del self._chunks[number]
+            self._delete_chunk(number)
             gone += after
         if gone and self.fsync:
             for kind in KINDS:
                 fsync_dir(self.root / kind)
-        for tid in gone:
-            del self._summaries[tid]
         return sorted(gone)
 
     # ----------------------------------------------------------- reading

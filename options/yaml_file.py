@@ -2,8 +2,9 @@
 
 Limits, so that a broken or malicious file fails in a moment with one line instead of a
 traceback, a hang or an exhausted memory: a file of at most :data:`MAX_BYTES`, UTF-8 text,
-nesting at most :data:`MAX_DEPTH` deep and at most :data:`MAX_ALIASES` aliases (a "billion
-laughs" bomb expands a few aliases exponentially once the data is walked).
+nesting at most :data:`MAX_DEPTH` deep and at most :data:`MAX_NODES` values once its aliases
+are expanded (a "billion laughs" bomb expands a few aliases exponentially once the data is
+walked; the count is taken on the node graph, without expanding it).
 """
 
 from __future__ import annotations

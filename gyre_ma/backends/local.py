@@ -73,17 +73,22 @@ class LocalBackend:
     def poll(self, timeout: float | None = 0.0) -> list[RoleTrajectory]:
         """Play queued episodes: all of them (``timeout=None``), or until ``timeout``
         seconds have passed — at least one either way, when any is queued."""
-        start, asked = time.perf_counter(), 0
+        start, started = time.perf_counter(), 0
         out: list[RoleTrajectory] = []
 
+        def late() -> bool:
+            return timeout is not None and time.perf_counter() - start >= timeout
+
         def stop() -> bool:
-            """Asked before each new episode: past the timeout, no more start (but the first does)."""
-            nonlocal asked
-            asked += 1
-            return asked > 1 and timeout is not None and time.perf_counter() - start >= timeout
+            """Asked before each new episode: once late, no more start (but the first always does)."""
+            nonlocal started
+            if started and late():
+                return True
+            started += 1
+            return False
 
         with torch_threads(self.rollout_threads):
-            while self._queue and not (asked and stop()):
+            while self._queue and not (started and late()):
                 version = self._queue[0][1]
                 tasks = []
                 while self._queue and self._queue[0][1] == version:

@@ -90,9 +90,8 @@ def train(name: str, *, iterations: int, seed: int = 0, episodes: int = 16, grou
     scorer = gyre.rewards
     alarms = [{"name": a.name, "iteration": a.iteration, "message": a.message} for a in scorer.monitor.fired]
     drift = [{"event": e.event, "agreement": round(e.agreement, 3)} for e in scorer.drift.events]
-    errors = list(scorer.engine.errors) + list(gyre.backend.worker.kit.rules.engine.errors)
     return {"curves": curves, "alarms": alarms, "drift_events": drift,
-            "rule_errors": errors, "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": round(time.perf_counter() - start, 1)}
 
 
 def summary(run: dict[str, Any], k: int = 5) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dis
 import errno
 import sys
@@ -106,7 +107,7 @@ def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from gyre_ma.config import dump_config, load_config
+    from gyre_ma.config import load_config
 
     overrides = _overrides(args.set)
     if args.iterations is not None:
@@ -114,7 +115,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.run_root is not None:
         overrides["run_root"] = args.run_root
     config = load_config(args.config, overrides)  # a broken config fails before torch is imported
+    with contextlib.ExitStack() as held:  # the run's lock is let go however training ends
+        return _train(args, config, held)
 
+
+def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) -> int:
     import numpy as np
     from rich.progress import (
         BarColumn,
@@ -125,6 +130,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
 
     from gyre_ma.checkpoints import save_checkpoint
+    from gyre_ma.config import dump_config
     from gyre_ma.files import write_json, write_text
     from gyre_ma.loop import Gyre
     from gyre_ma.monitor import Monitor
@@ -134,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not (run_dir / "checkpoints" / "manifest.json").is_file():  # checked before anything is made
             raise UsageError(f"nothing to resume: {str(run_dir)!r} holds no checkpoint of a run; train without "
                              "--resume to start it")
-        lock = _lock_run(run_dir)
+        held.enter_context(_lock_run(run_dir))
         change = _config_change(run_dir, config, force=args.force_config)
         gyre = Gyre.resume(config, run_dir)
         if gyre.next_iteration >= config.train.iterations and (run_dir / "checkpoints" / "final.pt").is_file():
@@ -149,7 +155,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
             raise UsageError(f"run directory {str(run_dir)!r} already has checkpoints; "
                              "pass --resume to continue it, or choose another name/run_root")
-        lock = _lock_run(run_dir)
+        held.enter_context(_lock_run(run_dir))
         gyre = Gyre(config, run_dir)
         write_text(run_dir / "config.yaml", dump_config(config))
     first = gyre.next_iteration
@@ -192,7 +198,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} held-out episodes "
                       f"(evaluate it with gyre-ma eval {run_dir / 'checkpoints' / 'best.pt'})", markup=False)
     write_json(run_dir / "summary.json", metrics | {f"{k}_total": v for k, v in faults.items()})
-    lock.close()
     return 0
 
 

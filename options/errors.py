@@ -10,6 +10,7 @@ handle bad input handle it too; the original exception is its ``__cause__``.
 
 from __future__ import annotations
 
+import functools
 import sysconfig
 import traceback
 from pathlib import Path
@@ -32,15 +33,29 @@ class UserCodeError(ValueError):
 
 def user_frame(error: BaseException) -> str | None:
     """``file:line`` of the innermost frame of ``error``'s traceback outside the standard
-    library and installed packages (the user's own code), else the innermost frame."""
+    library, installed packages and gyre-ma itself (the user's own code), else the
+    innermost frame."""
     frames = traceback.extract_tb(error.__traceback__)
     if not frames:
         return None
+    skip = _LIBRARY_DIRS + _gyre_ma_dirs()
     for frame in reversed(frames):
         path = str(Path(frame.filename).resolve())
-        if not path.startswith(_LIBRARY_DIRS):
+        if not path.startswith(skip):
             return f"{frame.filename}:{frame.lineno}"
     return f"{frames[-1].filename}:{frames[-1].lineno}"
+
+
+@functools.cache
+def _gyre_ma_dirs() -> tuple[str, ...]:
+    """gyre-ma's own source folders (an editable install is outside site-packages)."""
+    import gyre_ma
+    import gyre_ma.agents
+    import gyre_ma.envs
+    import gyre_ma.options
+
+    return tuple(str(Path(p).resolve()) + "/" for package in (gyre_ma, gyre_ma.agents, gyre_ma.envs, gyre_ma.options)
+                 for p in package.__path__)
 
 
 def callable_name(fn: Any) -> str:

@@ -27,14 +27,14 @@ _SOURCES = {
     "drift": ("DriftConfig", "DriftMonitor", "DriftStatus", "agreement", "auc", "spearman"),
     "milestones": ("first_verified", "milestone_rewards"),
     "prm": ("PRMModule", "ProcessRewardModel", "prm_labels", "prm_rewards"),
-    "rules": ("BrokenRuleWarning", "Rule", "RuleContext", "RuleEngine", "RuleResults", "RuleSpec",
+    "rules": ("Rule", "RuleContext", "RuleEngine", "RuleResults", "RuleSpec",
               "default_snapshot", "extended_snapshot", "load_rules", "rule_metrics", "state_check"),
     "scorer": ("RewardScorer", "Scored", "apply_breakdowns"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = [
-    "Alarm", "AlarmConfig", "BrokenRuleWarning", "DriftConfig", "DriftMonitor", "DriftStatus",
+    "Alarm", "AlarmConfig", "DriftConfig", "DriftMonitor", "DriftStatus",
     "HackingMonitor", "PRMConfig", "PRMModule", "ProcessRewardModel",
     "RewardBreakdown", "RewardConfig", "RewardScorer", "Rule", "RuleContext", "RuleEngine",
     "RuleResults", "RuleSpec", "Scored", "agreement", "apply_breakdowns", "auc",

@@ -13,9 +13,11 @@ state and env), a *weight* and a *kind*:
 - ``guard`` — a violation (check false) vetoes all positive reward of the episode and
   charges the guard penalty to the violating calls (see :mod:`.arbiter`).
 
-A rule that breaks (an unknown state key, an exception, a non-bool result) is reported
-with its name (a :class:`BrokenRuleWarning`, ``RuleEngine.errors``) and disabled for the
-run; the episode it broke in counts neither as a pass nor as a fail for it.
+A rule that breaks — its check raises, reads a state key the snapshot lacks, or returns
+something other than a bool — stops the run with one error naming the rule, when it ran
+and the user's ``file:line`` (:class:`~gyre_ma.options.errors.UserCodeError` for a check
+that raised). It is not disabled and skipped: a guard that silently stopped checking would
+let the behaviour it forbids be paid for.
 
 Rules at ``option_end`` need the state as each call ended: the rollout calls
 :meth:`RuleEngine.on_option_end` (``run_episode``'s ``on_option_end(call, env)`` hook).
@@ -23,9 +25,8 @@ Rules at ``option_end`` need the state as each call ended: the rollout calls
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
+import reprlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,16 +43,10 @@ from gyre_ma.options.yaml_file import read_yaml
 from gyre_ma.rewards.milestones import first_verified, last_calls
 from gyre_ma.rollout import OptionCall, Trajectory
 
-log = logging.getLogger("gyre_ma.rewards")
-
 RuleKind = Literal["process", "guard"]
 When = Literal["option_end", "episode_end"]
 _KINDS = ("process", "guard")
 _WHENS = ("option_end", "episode_end")
-
-
-class BrokenRuleWarning(UserWarning):
-    """A rule could not be evaluated; it is disabled for the rest of the run."""
 
 
 class UnknownStateKey(KeyError):
@@ -264,9 +259,6 @@ class RuleResults:
     """Guards violated in the episode (any → veto)."""
     evaluated: Mapping[str, int] = field(default_factory=dict)
     passed: Mapping[str, int] = field(default_factory=dict)
-    broken: Mapping[str, str] = field(default_factory=dict)
-    """Rules the engine that produced these results has disabled (name → why): a rollout
-    worker's engine reports them to the learner's this way."""
 
     @property
     def vetoed(self) -> bool:
@@ -277,12 +269,8 @@ class RuleResults:
         return cls((0.0,) * n_calls, ((),) * n_calls, ((),) * n_calls, ())
 
 
-class _Broken(Exception):
-    pass
-
-
 class RuleEngine:
-    """Evaluates rules per episode, keeps per-rule statistics, disables broken rules."""
+    """Evaluates rules per episode and keeps per-rule statistics."""
 
     def __init__(self, rules: Sequence[Rule], *, graph: TaskGraph | None = None,
                  snapshot: Snapshot = default_snapshot, option_names: Sequence[str] | None = None) -> None:
@@ -301,21 +289,14 @@ class RuleEngine:
         self.rules = list(rules)
         self.snapshot = snapshot
         self.option_names = list(option_names) if option_names is not None else None
-        self.broken: dict[str, str] = {}
-        """Disabled rules → why (the first error)."""
-        self.errors: list[str] = []
         self.evaluated: dict[str, int] = {r.name: 0 for r in self.rules}
         self.passed: dict[str, int] = {r.name: 0 for r in self.rules}
         self._pending: dict[int, tuple[OptionCall, Mapping[str, Any]]] = {}
 
     # ------------------------------------------------------------------ state capture
     @property
-    def active(self) -> list[Rule]:
-        return [r for r in self.rules if r.name not in self.broken]
-
-    @property
     def needs_option_end(self) -> bool:
-        return any(r.when == "option_end" for r in self.active)
+        return any(r.when == "option_end" for r in self.rules)
 
     def on_option_end(self, call: OptionCall, env: Any) -> None:
         """Rollout hook: the call just ended and ``env`` is in the state it left."""
@@ -340,7 +321,7 @@ class RuleEngine:
         n = len(calls)
         # this episode's states only: a batched worker interleaves the calls of many episodes
         pending = {key: got for c in calls if (got := self._pending.pop(key := id(c), None)) is not None}
-        if not self.active:
+        if not self.rules:
             return RuleResults.empty(n)
         final = StateView(self._snapshot(env))
         last = set(last_calls(trajectory))
@@ -356,7 +337,7 @@ class RuleEngine:
                     states.append(final)
                 else:
                     raise RuntimeError(
-                        f"rule engine: option_end rules {[r.name for r in self.active if r.when == 'option_end']} "
+                        f"rule engine: option_end rules {[r.name for r in self.rules if r.when == 'option_end']} "
                         f"need the state at the end of call {i} ({c.agent}, started at step {c.start_step}); "
                         "pass the engine's on_option_end to run_episode(on_option_end=...)"
                     )
@@ -366,12 +347,8 @@ class RuleEngine:
         violations: list[str] = []
         evaluated: dict[str, int] = {}
         passed: dict[str, int] = {}
-        for rule in self.active:
-            try:
-                outcomes = self._evaluate(rule, trajectory, env, states, final, firsts, last)
-            except _Broken as exc:
-                self._disable(rule, str(exc))
-                continue
+        for rule in self.rules:
+            outcomes = self._evaluate(rule, trajectory, env, states, final, firsts, last)
             evaluated[rule.name] = len(outcomes)
             passed[rule.name] = sum(ok for _, ok in outcomes)
             self.evaluated[rule.name] += len(outcomes)
@@ -387,7 +364,7 @@ class RuleEngine:
                     for i in targets:
                         penalized[i].append(rule.name)
         return RuleResults(tuple(process), tuple(map(tuple, paid)), tuple(map(tuple, penalized)),
-                           tuple(violations), evaluated, passed, dict(self.broken))
+                           tuple(violations), evaluated, passed)
 
     def _evaluate(self, rule: Rule, traj: Trajectory, env: Any, states: list | None,
                   final: Mapping[str, Any], firsts: list[tuple[str, ...]],
@@ -415,24 +392,17 @@ class RuleEngine:
         return names[call.option] if names is not None and 0 <= call.option < len(names) else None
 
     def _run(self, rule: Rule, ctx: RuleContext) -> bool:
+        what = f"rule {rule.name!r} ({rule.when}) check {callable_name(rule.check)}"
         try:
             result = rule.check(ctx)
         except UnknownStateKey as exc:
-            raise _Broken(f"rule {rule.name!r} ({rule.when}): {exc}") from None
-        except Exception as exc:
             where = user_frame(exc)
-            raise _Broken(f"rule {rule.name!r} ({rule.when}): check raised {type(exc).__name__}: {exc}"
-                          + (f" (at {where})" if where else "")) from None
+            raise ValueError(f"{what}: {exc}" + (f" (at {where})" if where else "")) from None
+        except Exception as exc:
+            raise UserCodeError(what, exc) from exc
         if not isinstance(result, (bool, np.bool_)):
-            raise _Broken(f"rule {rule.name!r} ({rule.when}): check returned {result!r}, expected a bool")
+            raise ValueError(f"{what} returned {reprlib.repr(result)}, expected a bool")
         return bool(result)
-
-    def _disable(self, rule: Rule, message: str) -> None:
-        self.broken[rule.name] = message
-        self.errors.append(message)
-        text = f"{message}; rule disabled for the rest of the run"
-        log.warning(text)
-        warnings.warn(text, BrokenRuleWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ statistics
     def pass_rates(self) -> dict[str, float]:
@@ -441,18 +411,14 @@ class RuleEngine:
                 for r in self.rules}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"broken": dict(self.broken), "errors": list(self.errors),
-                "evaluated": dict(self.evaluated), "passed": dict(self.passed)}
+        return {"evaluated": dict(self.evaluated), "passed": dict(self.passed)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.broken = dict(state["broken"])
-        self.errors = list(state["errors"])
         self.evaluated.update(state["evaluated"])
         self.passed.update(state["passed"])
 
 
-def rule_metrics(rules: Sequence[Rule], results: Sequence[RuleResults], *,
-                 broken: Mapping[str, str] | None = None) -> dict[str, float]:
+def rule_metrics(rules: Sequence[Rule], results: Sequence[RuleResults]) -> dict[str, float]:
     """One iteration's rule statistics.
 
     ``rules/pass_rate/<name>``: passes / evaluations (NaN where not evaluated);
@@ -460,9 +426,7 @@ def rule_metrics(rules: Sequence[Rule], results: Sequence[RuleResults], *,
     ``rule_pay_rate``: mean pay rate over process rules of positive weight — how often
     rules certify an episode, for the alarm that compares it with verified success;
     ``rules/violation_rate``: fraction of episodes with a guard violation;
-    ``rules/broken``: count of disabled rules.
     """
-    broken = broken or {}
     n = max(len(results), 1)
     out: dict[str, float] = {}
     pay = []
@@ -473,9 +437,8 @@ def rule_metrics(rules: Sequence[Rule], results: Sequence[RuleResults], *,
         if r.kind == "process":
             rate = sum(any(r.name in p for p in res.paid) for res in results) / n
             out[f"rules/pay_rate/{r.name}"] = rate
-            if r.weight > 0 and r.name not in broken:
+            if r.weight > 0:
                 pay.append(rate)
     out["rule_pay_rate"] = float(np.mean(pay)) if pay else math.nan
     out["rules/violation_rate"] = sum(res.vetoed for res in results) / n
-    out["rules/broken"] = float(len(broken))
     return out

@@ -157,10 +157,7 @@ class RewardScorer:
         breakdowns = [score_trajectory(t, self.graph, self.config, rules=r, prm=p)
                       for t, r, p in zip(trajectories, results, prm_parts)]
         metrics |= summarize(breakdowns, success=[t.success for t in trajectories])
-        for r in results:  # rules a rollout worker disabled are disabled here too, and reported
-            for name, why in r.broken.items():
-                self.engine.broken.setdefault(name, why)
-        metrics |= rule_metrics(self.engine.rules, results, broken=self.engine.broken)
+        metrics |= rule_metrics(self.engine.rules, results)
         return Scored(breakdowns, metrics)
 
     def _prm(self, trajectories: Sequence[Trajectory], iteration: int | None,

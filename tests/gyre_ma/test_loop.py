@@ -129,13 +129,10 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_rule_broken_in_a_rollout_worker_is_reported_by_the_learner():
+def test_a_rule_broken_in_a_rollout_worker_stops_the_run_naming_it():
     rule = {"name": "needs_ghost_key", "kind": "process", "when": "episode_end", "require": {"ghost": True}}
-    gyre, history = run(DOORKEY, 1, **{"rewards.rules": [rule]})
-    assert "needs_ghost_key" in gyre.rewards.engine.broken
-    assert "ghost" in gyre.rewards.engine.broken["needs_ghost_key"]
-    assert history[0]["rules/broken"] == 1.0
-    assert math.isnan(history[0]["rules/pass_rate/needs_ghost_key"])  # neither pass nor fail
+    with pytest.raises(ValueError, match=r"rule 'needs_ghost_key' \(episode_end\) .*unknown state key 'ghost'"):
+        run(DOORKEY, 1, **{"rewards.rules": [rule]})
 
 
 def test_linear_lr_schedule_decays_both_learning_rates_to_the_final_fraction():

@@ -145,6 +145,31 @@ def test_train_reports_a_users_error_in_one_line_with_exit_2(tmp_path, monkeypat
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_train_reports_a_users_broken_rule_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, """
+        def done_by_budget(ctx):
+            return ctx.state["budget"] > 0
+    """)
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    path = tmp_path / "config.yaml"
+    path.write_text(f"name: rule\nenv: {{id: coverage_v0}}\nrun_root: '{tmp_path}'\ntrain: {{iterations: 1}}\n"
+                    "rewards: {rules: [{name: budget_left, kind: guard, when: episode_end, "
+                    "check: 'userlib:done_by_budget'}]}\n")
+    assert main(["train", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "rule 'budget_left' (episode_end) check userlib.done_by_budget" in err
+    assert "unknown state key 'budget'" in err and "userlib.py:3" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    # the failed run let go of its lock: the same process can train the run again
+    (tmp_path / "userlib.py").write_text("def done_by_budget(ctx):\n    return ctx.trajectory.calls[99]\n")
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    assert main(["train", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "rule 'budget_left' (episode_end) check userlib.done_by_budget raised IndexError" in err
+    assert "userlib.py:2" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_bug_in_gyre_ma_keeps_its_traceback_and_says_so(tmp_path, monkeypatch, capsys):
     import gyre_ma.loop
 

@@ -42,6 +42,5 @@ def test_naive_surface_rule_is_hacked_and_verified_rewards_are_not(bench):
     assert d["completion_last"] >= 0.7 and d["completion_last"] - d["completion_first"] >= 0.5
     assert d["reward_last"] > d["reward_first"]
     assert d["alarms"] == []
-    assert not defended["rule_errors"] and not naive["rule_errors"]
     # the hacked run "earns" more reward than the one that does the work
     assert n["reward_last"] > d["reward_last"] and d["completion_last"] > n["completion_last"] + 0.5

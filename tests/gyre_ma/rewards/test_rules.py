@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-import math
-import warnings
-
 import pytest
 
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.envs.workflow.options import make_library
 from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.workflow import parallel_env
+from gyre_ma.options.errors import UserCodeError
 from gyre_ma.rewards.rules import (
-    BrokenRuleWarning,
     Rule,
     RuleContext,
     RuleEngine,
@@ -146,31 +143,23 @@ def test_guards_veto_and_name_the_violating_calls(graph, two_agent_episode):
 
 
 # ---------------------------------------------------------------- broken rules
-@pytest.mark.parametrize("check, why", [
-    (state_check({"no_such_key": True}), "unknown state key 'no_such_key'; known: \\['a', 'b', 'goal', 'verified'\\]"),
-    (lambda c: 1 / 0, "check raised ZeroDivisionError"),
-    (lambda c: "yes", "check returned 'yes', expected a bool"),
+@pytest.mark.parametrize("check, error, why", [
+    (state_check({"no_such_key": True}), ValueError,
+     "unknown state key 'no_such_key'; known: \\['a', 'b', 'goal', 'verified'\\]"),
+    (lambda c: 1 / 0, UserCodeError, "raised ZeroDivisionError: division by zero \\(at "),
+    (lambda c: "yes", ValueError, "returned 'yes', expected a bool"),
 ])
-def test_a_broken_rule_is_reported_by_name_disabled_and_not_counted(graph, two_agent_episode, check, why):
-    rules = [Rule("broken_one", check, when="episode_end", weight=9.0),
-             Rule("fine", state_check({"a": True}), when="episode_end")]
+def test_a_broken_rule_stops_with_its_name_and_the_users_line(graph, two_agent_episode, check, error, why):
+    """A rule that cannot be evaluated is a user error, not a rule quietly switched off:
+    a guard that stopped checking would let what it forbids be paid for (issue #18, 4)."""
+    rules = [Rule("fine", state_check({"a": True}), when="episode_end"),
+             Rule("broken_one", check, when="episode_end", weight=9.0)]
     engine = RuleEngine(rules, graph=graph)
-    env = FakeEnv(graph, verified={"a"})
-    with pytest.warns(BrokenRuleWarning, match=f"rule 'broken_one' \\(episode_end\\): {why}"):
-        res = engine.end_episode(two_agent_episode(), env)
-    assert "broken_one" not in res.evaluated and all("broken_one" not in p for p in res.paid)
-    assert res.process == (0.0, 0.0, 1.0, 1.0)  # the healthy rule still pays
-    assert list(engine.broken) == ["broken_one"] and len(engine.errors) == 1
-    if "raised" in why:  # the user's line, for a check that raised
-        assert f"(at {__file__}:" in engine.errors[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # disabled: not evaluated (or warned about) again
-        res = engine.end_episode(two_agent_episode(), env)
-    assert "broken_one" not in res.evaluated
-    rates = engine.pass_rates()
-    assert math.isnan(rates["broken_one"]) and rates["fine"] == 1.0
-    m = rule_metrics(engine.rules, [res], broken=engine.broken)
-    assert m["rules/broken"] == 1.0 and m["rule_pay_rate"] == 1.0
+    with pytest.raises(error, match=f"rule 'broken_one' \\(episode_end\\) check .*{why}") as got:
+        engine.end_episode(two_agent_episode(), FakeEnv(graph, verified={"a"}))
+    if error is UserCodeError:
+        assert f"{__file__}:" in str(got.value)
+    assert engine.evaluated["broken_one"] == 0
 
 
 def test_option_end_rules_without_recorded_states_fail_loudly(graph, two_agent_episode):
@@ -185,8 +174,11 @@ def test_a_workflow_verifier_is_a_valid_episode_end_check_but_breaks_at_option_e
     report = load_rules([{"name": "surface", "check": "gyre_ma.envs.workflow.workflow:report_submitted"}])[0]
     engine = RuleEngine([report, Rule("at_end", report.check, when="option_end")], graph=lib.graph)
     traj = run_episode(env, lib, RandomManager(seed=0), seed=0, on_option_end=engine.on_option_end)
-    with pytest.warns(BrokenRuleWarning, match="rule 'at_end' \\(option_end\\): check raised TypeError"):
-        res = engine.end_episode(traj, env)
+    with pytest.raises(UserCodeError, match="rule 'at_end' \\(option_end\\) check .*report_submitted raised TypeError"):
+        engine.end_episode(traj, env)
+    engine = RuleEngine([report], graph=lib.graph)
+    traj = run_episode(env, lib, RandomManager(seed=0), seed=0, on_option_end=engine.on_option_end)
+    res = engine.end_episode(traj, env)
     assert res.passed["surface"] == int(env.surface_flags()["report_submitted"])
 
 

@@ -396,8 +396,65 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from rich.live import Live
+
+    from gyre_ma.experiment import load_experiment, run_experiment, run_state
+
+    exp = load_experiment(args.file, root=args.root)  # every run's config is checked before any runs
+    done = sum(run_state(exp.run_dir(r)) == "done" for r in exp.runs)
+    console.print(f"experiment {exp.spec.name!r}: {len(exp.runs)} runs ({len(exp.spec.variants)} variants × "
+                  f"{len(exp.spec.seed_list)} seeds), {done} already done; folder {exp.folder}", markup=False,
+                  soft_wrap=True)
+    iterations = exp.spec.budget.iterations
+    with Live(console=console, auto_refresh=False, transient=False) if not args.quiet else contextlib.nullcontext() as live:
+        def show(records: list) -> None:
+            if live is not None:
+                live.update(_experiment_table(exp, records, iterations), refresh=True)
+
+        records = run_experiment(exp, jobs=args.jobs, use_ray=args.ray, ray_address=args.ray_address,
+                                 on_progress=show if not args.quiet else None)
+    failed = [r for r in records if r.state == "failed"]
+    for r in failed:
+        err_console.print(f"run {r.run.name}: {r.error}", markup=False, soft_wrap=True)
+    if failed:
+        err_console.print(f"gyre-ma experiment: {len(failed)} of {len(records)} runs failed (logs in "
+                          f"{exp.folder / 'logs'}); rerun the same command to retry them — finished runs are kept",
+                          markup=False, soft_wrap=True)
+        return 1
+    console.print(f"all {len(records)} runs done; the report: gyre-ma report {exp.folder}", markup=False,
+                  soft_wrap=True)
+    return 0
+
+
+def _experiment_table(exp: Any, records: list, iterations: int) -> Table:
+    import time
+
+    from gyre_ma.experiment import completed_iterations
+
+    table = Table(title=f"experiment {exp.spec.name!r}")
+    for column in ("run", "state", "iterations", "time"):
+        table.add_column(column, justify="right" if column in ("iterations", "time") else "left")
+    for r in records:
+        done = completed_iterations(exp.run_dir(r.run))
+        spent = "" if r.started is None else f"{(r.ended or time.time()) - r.started:.0f} s"
+        table.add_row(r.run.name, r.state, f"{min(done, iterations)}/{iterations}", spent)
+    return table
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gyre_ma.report import write_report
+
+    if args.reps is not None and args.reps < 100:
+        raise UsageError(f"--reps must be >= 100, got {args.reps}")
+    path = write_report(Path(args.exp_dir), reps=args.reps)
+    console.print(f"wrote {path} (with report.json, runs.csv and the curves beside it)", markup=False, soft_wrap=True)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": cmd_check, "graph": cmd_graph, "train": cmd_train, "eval": cmd_eval, "plot": cmd_plot,
+    "experiment": cmd_experiment, "report": cmd_report,
 }
 
 
@@ -435,6 +492,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw a run's learning curves and milestone rates to PNG")
     p.add_argument("run_dir", help="a run directory written by gyre-ma train")
     p.add_argument("--out", help="PNG path (default RUN_DIR/curves.png)")
+    p = sub.add_parser("experiment", help="train seeds × variants of an experiment file, in parallel; rerun to resume")
+    p.add_argument("file", help="experiment YAML (base config, variants, seeds, budget, report, evaluation)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once as local processes (one torch thread each)")
+    p.add_argument("--ray", action="store_true", help="run each run as a Ray task instead")
+    p.add_argument("--ray-address", help="with --ray: an existing cluster's address (default: start one here)")
+    p.add_argument("--root", help="override the experiment's root folder")
+    p.add_argument("--quiet", action="store_true", help="no progress table")
+    p = sub.add_parser("report", help="tables with confidence intervals, curves and a CSV of an experiment's runs")
+    p.add_argument("exp_dir", help="the experiment folder (<root>/<name>) written by gyre-ma experiment")
+    p.add_argument("--reps", type=int, help="bootstrap resamples (default: the experiment file's report.reps)")
     return parser
 
 

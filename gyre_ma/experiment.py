@@ -1,0 +1,466 @@
+"""Experiments: seeds × variants of one base config, run in parallel, resumable.
+
+An experiment file (YAML, validated like a config) names a base config, named variants
+as override mappings, the seeds, a budget, what to report and how to evaluate:
+
+.. code-block:: yaml
+
+    name: credit
+    base: ../configs/quickstart.yaml   # relative to this file
+    overrides: {train.episodes_per_iteration: 16}
+    variants:
+      milestone: {}
+      plain_gae: {credit.mode: plain}
+    seeds: 10                          # or a list: [0, 1, 2]
+    budget: {iterations: 30}
+    report:
+      metrics: [validation/sampled_success, validation/greedy_success]
+      thresholds: {validation/sampled_success: 0.9}
+    evaluation: {episodes: 100}
+
+``gyre-ma experiment FILE`` trains every (variant, seed) as an ordinary run directory,
+``<root>/<name>/runs/<variant>-s<seed>``, by running ``gyre-ma train`` on the base config
+with the overrides as ``--set`` (so every rule of a run — its lock, resume, config check —
+holds here too), then evaluates the run's final policy on held-out task seeds, sampled and
+greedy (``eval.json`` in the run directory). Rerunning the experiment skips finished runs
+and resumes killed ones from their checkpoint; runs are children of the experiment and
+die with it. Runs play in ``--jobs`` local processes (one torch thread each:
+``trainer.threads``) or as Ray tasks (``--ray``). ``gyre-ma report`` turns the folder into
+tables with intervals (:mod:`gyre_ma.report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gyre_ma.config import MAX_COUNT, ConfigError, _format_error, load_config
+from gyre_ma.files import write_json, write_text
+from gyre_ma.options.yaml_file import read_yaml
+
+EVAL_FILE = "eval.json"
+"""A run's held-out evaluation, written once it is complete: its presence marks the run done."""
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+class Budget(_Spec):
+    iterations: int = Field(ge=1, le=MAX_COUNT)
+    """Training iterations of every run (``train.iterations``)."""
+
+
+class ReportSpec(_Spec):
+    metrics: list[str] = Field(default_factory=lambda: ["validation/sampled_success", "validation/greedy_success"])
+    """``metrics.csv`` columns whose learning curves and final values are reported."""
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    """Metric → level: the env steps at which each run first reached it (steps-to-threshold)."""
+    reps: int = Field(2000, ge=100, le=100_000)
+    """Bootstrap resamples of every interval."""
+
+
+class EvaluationSpec(_Spec):
+    episodes: int = Field(100, ge=1, le=100_000)
+    """Held-out task seeds each run's policy plays, once sampled and once greedy."""
+    seed: int = Field(1_000_000, ge=0)
+    """First held-out task seed (no training or validation episode uses this range)."""
+    checkpoint: Literal["final", "best"] = "final"
+    """``final``: the last policy; ``best``: the one validation chose."""
+
+
+class ExperimentSpec(_Spec):
+    name: str = Field(pattern=_NAME, max_length=200)
+    """The experiment's folder under ``root``: one path component."""
+    base: str = Field(min_length=1)
+    """The base config YAML, relative to the experiment file's folder."""
+    root: str = "runs/experiments"
+    """Folder of experiment folders, relative to the current directory."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Dotted keys (or nested mappings) set on the base config for every variant."""
+    variants: dict[str, dict[str, Any]] = Field(min_length=1)
+    """Variant name → its overrides, on top of ``overrides``."""
+    seeds: int | list[int] = 3
+    """Run seeds (``seed``): a count (0 .. n-1) or a list."""
+    budget: Budget
+    report: ReportSpec = Field(default_factory=ReportSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import re
+
+        for name in value:
+            if not re.match(_NAME, name) or len(name) > 100:
+                raise ValueError(f"variant name {name!r} must be one path component: letters, digits, _ . + = -")
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _seed_list(cls, value: int | list[int]) -> int | list[int]:
+        seeds = list(range(value)) if isinstance(value, int) else value
+        if not seeds or len(seeds) > 10_000 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+            raise ValueError("must be a count in [1, 10000] or a list of distinct seeds >= 0")
+        return value
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One (variant, seed) of an experiment and the ``gyre-ma train`` overrides that make it."""
+
+    variant: str
+    seed: int
+    overrides: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+
+@dataclass
+class Experiment:
+    """An experiment file, read and checked: every run's config is validated before any runs."""
+
+    spec: ExperimentSpec
+    source: Path
+    base: Path
+    folder: Path
+    runs: list[RunSpec]
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.folder / "runs"
+
+    def run_dir(self, run: RunSpec) -> Path:
+        return self.runs_dir / run.name
+
+
+def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
+    """Read and validate an experiment file and the config of each of its runs; a mistake
+    raises one :class:`ConfigError` naming the key (and the variant)."""
+    source = Path(path)
+    data = read_yaml(source, "experiment file", ConfigError)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source.name}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        spec = ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source.name}: {_format_error(exc.errors(include_url=False)[0], ExperimentSpec)}") from None
+    base = (source.parent / spec.base)
+    if not base.is_file():
+        raise ConfigError(f"{source.name}: 'base': config {str(base)!r} does not exist (the path is relative to "
+                          "the experiment file's folder)")
+    folder = Path(root if root is not None else spec.root) / spec.name
+    common = _flatten(spec.overrides, "overrides")
+    for key in ("seed", "name", "run_root", "train.iterations"):
+        if key in common or any(key in _flatten(v, f"variants.{n}") for n, v in spec.variants.items()):
+            raise ConfigError(f"{source.name}: '{key}' is set by the experiment itself (seeds, run names, root, "
+                              "budget); remove it from the overrides")
+    runs = []
+    for variant, extra in spec.variants.items():
+        sets = common | _flatten(extra, f"variants.{variant}")
+        for seed in spec.seed_list:
+            run = RunSpec(variant, seed, sets | {"seed": seed, "name": f"{variant}-s{seed}",
+                                                 "train.iterations": spec.budget.iterations})
+            try:
+                load_config(base, run.overrides | {"run_root": str(folder / "runs")})
+            except ConfigError as exc:
+                raise ConfigError(f"{source.name}: variant {variant!r}: {exc}") from None
+            runs.append(run)
+    return Experiment(spec, source, base, folder, runs)
+
+
+def _flatten(mapping: Mapping[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
+    """Nested override mappings → dotted keys; a value that is not a mapping is set whole."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"'{where}': override keys must be non-empty strings, got {key!r}")
+        dotted = prefix + key
+        if isinstance(value, dict) and value:
+            out |= _flatten(value, where, dotted + ".")
+        else:
+            out[dotted] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- state of a run
+RunState = Literal["new", "partial", "trained", "done"]
+
+
+def run_state(run_dir: Path) -> RunState:
+    """Where a run stands, from its files: ``done`` (evaluated), ``trained`` (``final.pt``),
+    ``partial`` (a checkpoint to resume from), ``new``."""
+    checkpoints = run_dir / "checkpoints"
+    if (run_dir / EVAL_FILE).is_file():
+        return "done"
+    if (checkpoints / "final.pt").is_file():
+        return "trained"
+    if (checkpoints / "manifest.json").is_file():
+        return "partial"
+    return "new"
+
+
+def completed_iterations(run_dir: Path) -> int:
+    """Rows of the run's ``metrics.csv`` (complete lines only)."""
+    try:
+        with (run_dir / "metrics.csv").open("rb") as f:
+            return max(f.read().count(b"\n") - 1, 0)
+    except OSError:
+        return 0
+
+
+# ---------------------------------------------------------------------------- playing a run
+@dataclass
+class Progress:
+    """What the progress table shows of one run."""
+
+    run: RunSpec
+    state: str = "pending"
+    error: str | None = None
+    started: float | None = None
+    ended: float | None = None
+
+
+def train_command(exp: Experiment, run: RunSpec, *, resume: bool) -> list[str]:
+    """The ``gyre-ma train`` arguments of ``run``."""
+    cmd = ["train", str(exp.base.resolve()), "--quiet", "--run-root", str(exp.runs_dir.resolve())]
+    for key, value in run.overrides.items():
+        text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip()
+        cmd += ["--set", f"{key}={text.removesuffix(chr(10) + '...')}"]  # a bare scalar's document end marker
+    return cmd + (["--resume"] if resume else [])
+
+
+def play_command(exp: Experiment, run: RunSpec, state: RunState) -> list[str]:
+    """One process per run: train it (unless trained), then evaluate it on held-out seeds."""
+    e = exp.spec.evaluation
+    cmd = [sys.executable, "-m", "gyre_ma.experiment", "play", str(exp.run_dir(run).resolve()),
+           "--episodes", str(e.episodes), "--seed", str(e.seed), "--checkpoint", e.checkpoint]
+    if state in ("new", "partial"):
+        cmd += ["--", *train_command(exp, run, resume=state == "partial")]
+    return cmd
+
+
+def play_run(exp: Experiment, run: RunSpec, progress: Progress | None = None) -> None:
+    """Train (or resume) and evaluate one run, in a child process that dies with this one;
+    a finished run is left as it is. Raises :class:`RunFailed` with the last line of the
+    child's output."""
+    run_dir = exp.run_dir(run)
+    logs = exp.folder / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    state = run_state(run_dir)
+    if state == "done":
+        return
+    if state == "new" and run_dir.exists():
+        shutil.rmtree(run_dir)  # killed before its first checkpoint: nothing committed to keep
+    if progress is not None:
+        progress.state = {"new": "training", "partial": "resuming", "trained": "evaluating"}[state]
+    _call(play_command(exp, run, state), logs / f"{run.name}.log", "the run")
+
+
+class RunFailed(RuntimeError):
+    def __init__(self, what: str, rc: int, last_line: str) -> None:
+        self.what, self.rc, self.last_line = what, rc, last_line
+        super().__init__(f"{what} exited {rc}: {last_line}")
+
+
+def _call(cmd: list[str], log: Path, what: str) -> None:
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n".encode())
+        out.flush()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent,
+                              check=False)
+    if proc.returncode != 0:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        raise RunFailed(what, proc.returncode, lines[-1] if lines else f"see {log}")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: be killed when the experiment process dies (Linux
+    ``PR_SET_PDEATHSIG``), so a killed experiment leaves no run holding its lock."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+def run_experiment(exp: Experiment, *, jobs: int = 1, ray_address: str | None = None, use_ray: bool = False,
+                   on_progress: Callable[[list[Progress]], None] | None = None) -> list[Progress]:
+    """Play every run not yet done, ``jobs`` at a time (or as Ray tasks); returns each run's
+    progress record (``state`` ``done`` or ``failed`` with its error)."""
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    exp.folder.mkdir(parents=True, exist_ok=True)
+    _record_spec(exp)
+    records = [Progress(run) for run in exp.runs]
+    for rec in records:
+        if run_state(exp.run_dir(rec.run)) == "done":
+            rec.state = "done"
+    todo = [rec for rec in records if rec.state != "done"]
+    stop = threading.Event()
+
+    def play(rec: Progress) -> None:
+        rec.started = time.time()
+        try:
+            play_run(exp, rec.run, rec)
+            rec.state = "done"
+        except RunFailed as exc:
+            rec.state, rec.error = "failed", str(exc)
+        finally:
+            rec.ended = time.time()
+
+    def report() -> None:
+        while not stop.wait(1.0):
+            on_progress(records)
+
+    watcher = threading.Thread(target=report, daemon=True) if on_progress is not None else None
+    if watcher is not None:
+        watcher.start()
+    try:
+        if use_ray:
+            _run_on_ray(exp, todo, ray_address)
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(play, todo))
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join()
+            on_progress(records)
+    return records
+
+
+def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None) -> None:
+    """Each run a Ray task of one CPU (the cluster's nodes must see the experiment folder
+    and the base config at the same paths: a shared filesystem)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False, include_dashboard=False)
+
+    @ray.remote(num_cpus=1, max_retries=0)
+    def task(run: RunSpec) -> str | None:
+        try:
+            play_run(exp, run)
+        except RunFailed as exc:
+            return str(exc)
+        return None
+
+    pending = {task.remote(rec.run): rec for rec in todo}
+    for rec in todo:
+        rec.state, rec.started = "running on ray", time.time()
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        rec = pending.pop(ready[0])
+        error = ray.get(ready[0])
+        rec.state, rec.error, rec.ended = ("failed", error, time.time()) if error else ("done", None, time.time())
+
+
+def _record_spec(exp: Experiment) -> None:
+    """``experiment.yaml`` in the folder: the spec its runs were made with. A rerun may add
+    seeds and variants or change the report and evaluation; changing what an existing run
+    trains with is refused, naming the key."""
+    path = exp.folder / "experiment.yaml"
+    now = exp.spec.model_dump(mode="json") | {"base": str(exp.base.resolve())}
+    if path.is_file():
+        before = yaml.safe_load(path.read_text()) or {}
+        for key in ("base", "overrides", "budget"):
+            if before.get(key) != now.get(key):
+                raise ConfigError(f"experiment folder {str(exp.folder)!r} holds runs made with a different {key!r} "
+                                  f"({before.get(key)!r}, now {now.get(key)!r}); use another name or root")
+        for variant, sets in now["variants"].items():
+            if variant in before.get("variants", {}) and before["variants"][variant] != sets:
+                raise ConfigError(f"experiment folder {str(exp.folder)!r}: variant {variant!r} changed "
+                                  f"({before['variants'][variant]!r}, now {sets!r}); give the new one another name")
+    write_text(path, yaml.safe_dump(now, sort_keys=False))
+
+
+# ---------------------------------------------------------------------------- held-out evaluation
+def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "final") -> dict[str, Any]:
+    """Play the run's ``final`` (or ``best``) policy on ``episodes`` held-out task seeds from
+    ``seed``, sampled and greedy; writes and returns ``eval.json``. The run's own config is
+    used: the experiment wrote it from the user's base config."""
+    from gyre_ma.checkpoints import load_checkpoint
+    from gyre_ma.loop import Gyre
+    from gyre_ma.metrics import wilson_interval
+    from gyre_ma.roles import RolloutTask
+
+    config = load_config(run_dir / "config.yaml")
+    path = run_dir / "checkpoints" / f"{checkpoint}.pt"
+    if not path.is_file():
+        path = run_dir / "checkpoints" / "final.pt"  # no validation ran, so no best
+    gyre = Gyre(config)
+    gyre.load_state_dict(load_checkpoint(path))
+    out: dict[str, Any] = {"checkpoint": path.name, "episodes": episodes, "first_seed": seed}
+    try:
+        for mode, greedy in (("sampled", False), ("greedy", True)):
+            tasks = [RolloutTask("executor", seed + i, greedy=greedy) for i in range(episodes)]
+            played = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
+            wins = sum(t.success for t in played)
+            won = [t.length for t in played if t.success]
+            out[mode] = {"success": wins / len(played), "ci95": list(wilson_interval(wins, len(played))),
+                         "episode_length": sum(t.length for t in played) / len(played),
+                         "steps_to_goal": sum(won) / len(won) if won else None,
+                         "option_calls": sum(len(t.calls) for t in played) / len(played)}
+    finally:
+        gyre.close()
+    write_json(run_dir / EVAL_FILE, out)
+    return out
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m gyre_ma.experiment play RUN_DIR --episodes N --seed S [-- TRAIN ARGS]``:
+    what :func:`play_run` runs in its child process."""
+    import argparse
+
+    from gyre_ma import cli
+
+    parser = argparse.ArgumentParser(prog="python -m gyre_ma.experiment")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("play", help="train one experiment run (the arguments after --), then evaluate it held-out")
+    p.add_argument("run_dir")
+    p.add_argument("--episodes", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--checkpoint", choices=("final", "best"), default="final")
+    argv = list(argv)
+    train = argv[argv.index("--") + 1:] if "--" in argv else []  # gyre-ma train's own arguments
+    args = parser.parse_args(argv[:len(argv) - len(train) - (1 if train else 0)])
+    if train:
+        rc = cli.main(train)
+        if rc != 0:
+            return rc
+    try:
+        result = evaluate_run(Path(args.run_dir), episodes=args.episodes, seed=args.seed, checkpoint=args.checkpoint)
+    except (ValueError, OSError) as exc:
+        print(f"gyre-ma experiment: evaluating {args.run_dir}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in result.items() if k in ("sampled", "greedy")}))
+    return 0
+
+
+__all__ = ["Budget", "EvaluationSpec", "Experiment", "ExperimentSpec", "Progress", "ReportSpec", "RunFailed",
+           "RunSpec", "evaluate_run", "load_experiment", "play_run", "run_experiment", "run_state"]
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

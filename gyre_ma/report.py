@@ -1,0 +1,285 @@
+"""``gyre-ma report EXP_DIR``: an experiment folder → Markdown, PNGs, a CSV of every run.
+
+Per variant: held-out evaluation (sampled and greedy), steps to each threshold, the final
+value of each reported metric — each as mean and interquartile mean with 95 %
+stratified-bootstrap intervals (:mod:`gyre_ma.stats`) — the probability that one variant
+improves on another, and learning curves (IQM over runs against env steps, with an
+interval band). Only runs that finished their held-out evaluation enter the tables; the
+others are counted as missing, so a report of a half-run experiment says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from gyre_ma import stats
+from gyre_ma.experiment import EVAL_FILE, ExperimentSpec, run_state
+from gyre_ma.files import write_json, write_text
+from gyre_ma.monitor import read_metrics
+
+STEPS = "env_steps"
+_CURVE_POINTS = 60
+_CURVE_REPS = 300
+
+
+@dataclass
+class RunResult:
+    variant: str
+    seed: int
+    state: str
+    metrics: dict[str, np.ndarray]
+    evaluation: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+    def final(self, key: str) -> float:
+        """The last measured value of ``key`` (NaN if never measured)."""
+        values = self.metrics.get(key)
+        if values is None:
+            return math.nan
+        seen = values[~np.isnan(values)]
+        return float(seen[-1]) if seen.size else math.nan
+
+    def steps_to(self, key: str, level: float) -> float:
+        if key not in self.metrics or STEPS not in self.metrics:
+            return math.inf
+        return stats.steps_to_threshold(self.metrics[STEPS], self.metrics[key], level)
+
+
+def load_spec(folder: Path) -> ExperimentSpec:
+    path = folder / "experiment.yaml"
+    if not path.is_file():
+        raise ValueError(f"{str(folder)!r} is not an experiment folder (no experiment.yaml); pass the folder "
+                         "gyre-ma experiment wrote (<root>/<name>)")
+    return ExperimentSpec.model_validate(yaml.safe_load(path.read_text()))
+
+
+def collect(folder: Path, spec: ExperimentSpec) -> list[RunResult]:
+    """Every (variant, seed) of the spec, with what its run directory holds so far."""
+    import json
+
+    out = []
+    for variant in spec.variants:
+        for seed in spec.seed_list:
+            run_dir = folder / "runs" / f"{variant}-s{seed}"
+            metrics = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else {}
+            evaluation = json.loads((run_dir / EVAL_FILE).read_text()) if (run_dir / EVAL_FILE).is_file() else None
+            out.append(RunResult(variant, seed, run_state(run_dir), metrics, evaluation))
+    return out
+
+
+def _interval(values: Sequence[float], reps: int, seed: int) -> dict[str, Any]:
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return {"n": 0}
+    m = stats.stratified_bootstrap(x, stats.mean, reps=reps, seed=seed)
+    q = stats.stratified_bootstrap(x, stats.iqm, reps=reps, seed=seed)
+    return {"n": int(x.size), "mean": m.as_dict(), "iqm": q.as_dict()}
+
+
+def summarize(folder: Path, *, reps: int | None = None) -> dict[str, Any]:
+    """The report's numbers (also written as ``report.json``)."""
+    spec = load_spec(folder)
+    reps = reps or spec.report.reps
+    runs = collect(folder, spec)
+    done = [r for r in runs if r.state == "done"]
+    by_variant = {v: [r for r in done if r.variant == v] for v in spec.variants}
+    out: dict[str, Any] = {"name": spec.name, "runs": len(runs), "done": len(done),
+                           "variants": {}, "improvement": {}}
+    for i, (variant, rs) in enumerate(by_variant.items()):
+        entry: dict[str, Any] = {"runs": len(rs), "missing": [r.name for r in runs
+                                                              if r.variant == variant and r.state != "done"]}
+        for mode in ("sampled", "greedy"):
+            entry[f"heldout_{mode}"] = _interval([r.evaluation[mode]["success"] for r in rs], reps, i)
+        entry["env_steps"] = _interval([r.final(STEPS) for r in rs], reps, i)
+        entry["final"] = {key: _interval([v for r in rs if not math.isnan(v := r.final(key))], reps, i)
+                          for key in spec.report.metrics}
+        entry["steps_to"] = {}
+        for key, level in spec.report.thresholds.items():
+            steps = [r.steps_to(key, level) for r in rs]
+            entry["steps_to"][f"{key}>={level:g}"] = _interval(steps, reps, i) | {
+                "reached": int(sum(math.isfinite(s) for s in steps)), "median": _finite(np.median(steps))
+                if steps else None}
+        out["variants"][variant] = entry
+    names = [v for v, rs in by_variant.items() if rs]
+    for a in names:
+        for b in names:
+            if a == b:
+                continue
+            xa = [r.evaluation["sampled"]["success"] for r in by_variant[a]]
+            xb = [r.evaluation["sampled"]["success"] for r in by_variant[b]]
+            pair: dict[str, Any] = {"heldout_sampled": stats.improvement_interval(xa, xb, reps=reps).as_dict()}
+            for key, level in spec.report.thresholds.items():  # fewer steps is better: compare negated
+                sa = [-r.steps_to(key, level) for r in by_variant[a]]
+                sb = [-r.steps_to(key, level) for r in by_variant[b]]
+                pair[f"steps_to {key}>={level:g}"] = stats.improvement_interval(sa, sb, reps=reps).as_dict()
+            out["improvement"][f"{a} > {b}"] = pair
+    out["table"] = [_row(r, spec) for r in runs]
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _row(r: RunResult, spec: ExperimentSpec) -> dict[str, Any]:
+    row: dict[str, Any] = {"variant": r.variant, "seed": r.seed, "state": r.state,
+                           "iterations": int(len(r.metrics.get(STEPS, []))), "env_steps": _finite(r.final(STEPS))}
+    for key in spec.report.metrics:
+        row[f"final {key}"] = None if math.isnan(v := r.final(key)) else v
+    for key, level in spec.report.thresholds.items():
+        row[f"steps_to {key}>={level:g}"] = _finite(r.steps_to(key, level))
+    for mode in ("sampled", "greedy"):
+        ev = (r.evaluation or {}).get(mode) or {}
+        row[f"heldout {mode} success"] = ev.get("success")
+        row[f"heldout {mode} steps_to_goal"] = ev.get("steps_to_goal")
+    return row
+
+
+# ---------------------------------------------------------------------------- writing
+def write_report(folder: str | Path, *, reps: int | None = None) -> Path:
+    """``report/report.md`` (+ ``report.json``, ``runs.csv``, PNGs) in the experiment folder."""
+    folder = Path(folder)
+    spec = load_spec(folder)
+    summary = summarize(folder, reps=reps)
+    out = folder / "report"
+    out.mkdir(exist_ok=True)
+    write_json(out / "report.json", summary)
+    write_text(out / "runs.csv", _csv(summary["table"]))
+    figures = _plots(folder, spec, out)
+    write_text(out / "report.md", _markdown(spec, summary, figures))
+    return out / "report.md"
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    return buf.getvalue()
+
+
+def _fmt(cell: dict[str, Any] | None, kind: str, digits: int = 3, scale: str = "") -> str:
+    if not cell or not cell.get("n"):
+        return "—"
+    c = cell[kind]
+
+    def num(v: float | None) -> str:
+        if v is None:
+            return "∞"
+        return _steps(v) if scale == "k" else f"{v:.{digits}g}"
+
+    return f"{num(c['estimate'])} [{num(c['low'])}, {num(c['high'])}]"
+
+
+def _steps(v: float) -> str:
+    """An env-step count, short: 950, 12.3k, 1.25M."""
+    return f"{v / 1e6:.3g}M" if v >= 1e6 else f"{v / 1e3:.3g}k" if v >= 1e4 else f"{v:.0f}"
+
+
+def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> str:
+    e = spec.evaluation
+    lines = [f"# Experiment `{spec.name}`", "",
+             f"Base config `{spec.base}`; {len(spec.variants)} variants × {len(spec.seed_list)} seeds, "
+             f"{spec.budget.iterations} iterations each. {s['done']} of {s['runs']} runs finished and evaluated.",
+             "Every interval is a 95 % stratified-bootstrap interval over runs "
+             f"({spec.report.reps} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs.", ""]
+    missing = {v: d["missing"] for v, d in s["variants"].items() if d["missing"]}
+    if missing:
+        lines += ["**Not finished (left out of every table):** "
+                  + "; ".join(f"{v}: {', '.join(m)}" for v, m in missing.items()), ""]
+    lines += [f"## Held-out evaluation ({e.episodes} episodes per run, task seeds from {e.seed}, "
+              f"{e.checkpoint} policy)", "",
+              "| variant | runs | sampled success: mean | IQM | greedy success: mean | IQM | env steps (mean) |",
+              "|---|---|---|---|---|---|---|"]
+    for v, d in s["variants"].items():
+        lines.append(f"| {v} | {d['runs']} | {_fmt(d['heldout_sampled'], 'mean')} | {_fmt(d['heldout_sampled'], 'iqm')}"
+                     f" | {_fmt(d['heldout_greedy'], 'mean')} | {_fmt(d['heldout_greedy'], 'iqm')}"
+                     f" | {_fmt(d['env_steps'], 'mean', scale='k')} |")
+    if spec.report.thresholds:
+        lines += ["", "## Env steps to threshold", "",
+                  "A run that never reached the level counts as ∞ steps (so an IQM that includes it is ∞).", "",
+                  "| threshold | variant | reached | IQM | mean | median |", "|---|---|---|---|---|---|"]
+        for key in s["variants"][next(iter(s["variants"]))]["steps_to"]:
+            for v, d in s["variants"].items():
+                c = d["steps_to"][key]
+                med = "—" if not c.get("n") else ("∞" if c["median"] is None else _steps(c["median"]))
+                lines.append(f"| `{key}` | {v} | {c.get('reached', 0)}/{c.get('n', 0)} | {_fmt(c, 'iqm', scale='k')}"
+                             f" | {_fmt(c, 'mean', scale='k')} | {med} |")
+    lines += ["", "## Final value of each reported metric (last measured iteration)", "",
+              "| metric | variant | runs | mean | IQM |", "|---|---|---|---|---|"]
+    for key in spec.report.metrics:
+        for v, d in s["variants"].items():
+            c = d["final"][key]
+            lines.append(f"| `{key}` | {v} | {c.get('n', 0)} | {_fmt(c, 'mean')} | {_fmt(c, 'iqm')} |")
+    if s["improvement"]:
+        keys = list(next(iter(s["improvement"].values())))
+        lines += ["", "## Probability of improvement", "",
+                  "P(a run of X beats a run of Y), ties half; on steps-to-threshold fewer steps is better.", "",
+                  "| X > Y | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        for pair, d in s["improvement"].items():
+            cells = [f"{c['estimate']:.2f} [{c['low']:.2f}, {c['high']:.2f}]" for c in d.values()]
+            lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    if figures:
+        lines += ["", "## Learning curves", "", "IQM over runs against env steps; the band is its 95 % interval.", ""]
+        lines += [f"![{f}]({f})" for f in figures]
+    lines += ["", "Every run: `runs.csv`; every number above: `report.json`.", ""]
+    return "\n".join(lines)
+
+
+def _plots(folder: Path, spec: ExperimentSpec, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in collect(folder, spec) if STEPS in r.metrics and len(r.metrics[STEPS])]
+    if not runs:
+        return []
+    end = max(float(np.nanmax(r.metrics[STEPS])) for r in runs)
+    grid = np.linspace(0.0, end, _CURVE_POINTS)
+    names = []
+    for key in spec.report.metrics:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        drawn = False
+        for i, variant in enumerate(spec.variants):
+            curves = []
+            for r in (r for r in runs if r.variant == variant and key in r.metrics):
+                c = stats.step_curve(r.metrics[STEPS], r.metrics[key], grid)
+                c[grid > np.nanmax(r.metrics[STEPS])] = np.nan  # not beyond the run's own end
+                curves.append(c)
+            if not curves:
+                continue
+            m = np.array(curves)
+            mid, low, high = np.full(grid.size, np.nan), np.full(grid.size, np.nan), np.full(grid.size, np.nan)
+            for j in range(grid.size):
+                col = m[:, j][~np.isnan(m[:, j])]
+                if col.size * 2 >= len(curves) and col.size:
+                    got = stats.stratified_bootstrap(col, stats.iqm, reps=_CURVE_REPS, seed=j)
+                    mid[j], low[j], high[j] = got.estimate, got.low, got.high
+            line, = ax.plot(grid, mid, label=f"{variant} ({len(curves)} runs)", color=f"C{i}")
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            drawn = True
+        if drawn:
+            ax.set_xlabel("env steps")
+            ax.set_ylabel(f"{key} (IQM)")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+            fig.tight_layout()
+            name = "curve_" + key.replace("/", "_") + ".png"
+            fig.savefig(out / name, dpi=110)
+            names.append(name)
+        plt.close(fig)
+    return names

@@ -1,0 +1,169 @@
+"""`gyre-ma experiment` and `gyre-ma report` end to end on a tiny grid (issue #20).
+
+Real runs: each is a `gyre-ma train` process on a run directory, evaluated on held-out
+task seeds; the experiment is killed and rerun; the report is built from the folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre_ma.cli import main
+from gyre_ma.config import ConfigError
+from gyre_ma.experiment import load_experiment, run_state, train_command
+
+BASE = """\
+name: tiny
+env: {id: coverage_v0}
+train: {episodes_per_iteration: 4, minibatch_size: 32, epochs: 1}
+roles: {explorers: 1, executors: 1, evaluators: 2}
+checkpoints: {validation_window: 1, min_validation_episodes: 1}
+monitor: {spot_checks: 0}
+"""
+
+
+def _experiment(tmp_path: Path, *, seeds: int = 2, iterations: int = 2, extra: str = "") -> Path:
+    (tmp_path / "base.yaml").write_text(BASE)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(f"""\
+name: tiny_grid
+base: base.yaml
+root: {tmp_path / 'root'}
+overrides: {{train.lr: 0.001}}
+variants:
+  anchored: {{}}
+  plain_gae: {{credit: {{mode: plain}}}}
+seeds: {seeds}
+budget: {{iterations: {iterations}}}
+report:
+  metrics: [validation/sampled_success, success_rate]
+  thresholds: {{success_rate: 0.5}}
+  reps: 200
+evaluation: {{episodes: 6}}
+{extra}""")
+    return path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_tiny_grid_runs_end_to_end_and_reports(tmp_path, capsys):
+    path = _experiment(tmp_path)
+    assert main(["experiment", str(path), "--jobs", "2", "--quiet"]) == 0
+    folder = tmp_path / "root" / "tiny_grid"
+    exp = load_experiment(path)
+    assert [r.name for r in exp.runs] == ["anchored-s0", "anchored-s1", "plain_gae-s0", "plain_gae-s1"]
+    for run in exp.runs:
+        run_dir = folder / "runs" / run.name
+        assert run_state(run_dir) == "done"
+        with (run_dir / "metrics.csv").open() as f:
+            assert [int(float(r["iteration"])) for r in csv.DictReader(f)] == [0, 1]
+        config = (run_dir / "config.yaml").read_text()
+        assert f"seed: {run.seed}" in config and "lr: 0.001" in config  # the common override
+        assert ("mode: plain" in config) == (run.variant == "plain_gae")  # the variant's
+        ev = json.loads((run_dir / "eval.json").read_text())
+        assert ev["episodes"] == 6 and 0 <= ev["sampled"]["success"] <= 1 and 0 <= ev["greedy"]["success"] <= 1
+    first = {run.name: _digest(folder / "runs" / run.name / "checkpoints" / "final.pt") for run in exp.runs}
+    assert first["anchored-s0"] != first["anchored-s1"]  # seeds differ
+
+    assert main(["report", str(folder), "--reps", "200"]) == 0
+    report = (folder / "report" / "report.md").read_text()
+    assert "4 of 4 runs finished" in report and "| anchored | 2 |" in report and "| plain_gae | 2 |" in report
+    assert "Probability of improvement" in report and "anchored > plain_gae" in report
+    assert (folder / "report" / "curve_validation_sampled_success.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((folder / "report" / "report.json").read_text())
+    sampled = summary["variants"]["anchored"]["heldout_sampled"]
+    values = [json.loads((folder / "runs" / f"anchored-s{s}" / "eval.json").read_text())["sampled"]["success"]
+              for s in (0, 1)]
+    assert sampled["n"] == 2 and sampled["mean"]["estimate"] == pytest.approx(sum(values) / 2)
+    assert sampled["mean"]["low"] <= sampled["mean"]["estimate"] <= sampled["mean"]["high"]
+    with (folder / "report" / "runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["variant"], r["seed"], r["state"]) for r in rows] == [
+        ("anchored", "0", "done"), ("anchored", "1", "done"), ("plain_gae", "0", "done"), ("plain_gae", "1", "done")]
+
+    # a rerun trains nothing: every run is done, every file as it was
+    capsys.readouterr()
+    assert main(["experiment", str(path), "--quiet"]) == 0
+    assert "4 already done" in capsys.readouterr().out
+    assert first == {run.name: _digest(folder / "runs" / run.name / "checkpoints" / "final.pt") for run in exp.runs}
+
+
+def test_a_killed_experiment_loses_no_finished_run_and_resumes_the_others(tmp_path):
+    path = _experiment(tmp_path, seeds=1, iterations=4)
+    folder = tmp_path / "root" / "tiny_grid"
+    proc = subprocess.Popen([sys.executable, "-m", "gyre_ma.cli", "experiment", str(path), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first, second = folder / "runs" / "anchored-s0", folder / "runs" / "plain_gae-s0"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (run_state(first) == "done" and (second / "metrics.csv").is_file()):
+        time.sleep(0.05)
+    assert run_state(first) == "done", proc.stderr.read().decode() if proc.poll() is not None else "timed out"
+    proc.send_signal(signal.SIGKILL)  # mid-way through the second run's training
+    proc.wait()
+    kept = {p.name: _digest(p) for p in (first / "checkpoints").iterdir() if p.is_file()}
+    kept_eval = _digest(first / "eval.json")
+    time.sleep(1.0)
+    assert run_state(second) != "done"
+    out = subprocess.run(["pgrep", "-f", str(second)], capture_output=True, text=True)
+    assert out.stdout.strip() == "", "a run outlived its experiment"
+
+    assert main(["experiment", str(path), "--quiet"]) == 0  # not refused: the killed run holds no lock
+    assert run_state(second) == "done"
+    with (second / "metrics.csv").open() as f:
+        assert [int(float(r["iteration"])) for r in csv.DictReader(f)] == [0, 1, 2, 3]  # each iteration once
+    assert kept == {p.name: _digest(p) for p in (first / "checkpoints").iterdir() if p.is_file()}
+    assert kept_eval == _digest(first / "eval.json")
+
+
+def test_experiment_files_are_validated_like_configs_naming_the_key(tmp_path, capsys):
+    path = _experiment(tmp_path, extra="budgett: 3\n")
+    assert main(["experiment", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'budgett'" in err and "accepted keys here" in err and len(err.strip().splitlines()) == 1
+    path = _experiment(tmp_path)
+    path.write_text(path.read_text().replace("credit: {mode: plain}", "credit: {mood: plain}"))
+    with pytest.raises(ConfigError, match=r"variant 'plain_gae': .*unknown key 'credit.mood'"):
+        load_experiment(path)
+    path = _experiment(tmp_path)
+    path.write_text(path.read_text().replace("overrides: {train.lr: 0.001}", "overrides: {seed: 4}"))
+    with pytest.raises(ConfigError, match="'seed' is set by the experiment itself"):
+        load_experiment(path)
+    path.write_text(path.read_text().replace("base: base.yaml", "base: nope.yaml"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_experiment(path)
+    assert not (tmp_path / "root").exists()  # nothing ran
+
+
+def test_a_changed_variant_is_refused_in_an_existing_folder(tmp_path):
+    path = _experiment(tmp_path, seeds=1, iterations=1)
+    exp = load_experiment(path)
+    from gyre_ma.experiment import _record_spec
+
+    exp.folder.mkdir(parents=True)
+    _record_spec(exp)
+    path.write_text(path.read_text().replace("credit: {mode: plain}", "credit: {mode: segmented}"))
+    with pytest.raises(ConfigError, match="variant 'plain_gae' changed"):
+        _record_spec(load_experiment(path))
+    path.write_text(path.read_text().replace("seeds: 1", "seeds: 3").replace("{mode: segmented}", "{mode: plain}"))
+    _record_spec(load_experiment(path))  # more seeds: fine
+
+
+def test_train_commands_pass_each_override_as_yaml(tmp_path):
+    exp = load_experiment(_experiment(tmp_path))
+    cmd = train_command(exp, exp.runs[2], resume=False)
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    assert sets == ["train.lr=0.001", "credit.mode=plain", "seed=0", "name=plain_gae-s0", "train.iterations=2"]
+    assert "--resume" in train_command(exp, exp.runs[2], resume=True)
+    assert os.path.isabs(cmd[cmd.index("--run-root") + 1])

@@ -76,9 +76,12 @@ class ManagerConfig(_Section):
 
 
 class CreditConfig(_Section):
-    mode: Literal["plain", "segmented", "blend"] = "blend"
-    """Option-level GAE (``plain``), GAE cut at verified milestones (``segmented``), or
-    segmented GAE blended with the verified outcome (``blend``, see ``outcome_credit``)."""
+    mode: Literal["plain", "segmented", "blend", "grpo", "gigpo"] = "blend"
+    """Option-level GAE (``plain``), GAE cut at verified milestones (``segmented``),
+    segmented GAE blended with the verified outcome (``blend``, see ``outcome_credit``), or
+    one of the critic-free peers: every call gets its episode's group-normalised outcome
+    (``grpo``), plus a step-level group advantage among the decisions taken from the same
+    state of the same task seed (``gigpo``, Feng et al. 2025; see ``gigpo_step_weight``)."""
     gamma: float = Field(0.99, gt=0.0, le=1.0)
     """Per-primitive-step discount; an option of τ steps is discounted by γ^τ."""
     lam: float = Field(0.95, ge=0.0, le=1.0)
@@ -100,6 +103,9 @@ class CreditConfig(_Section):
     anchor_prior: float = Field(1.0, ge=0.0)
     """Pseudo-episodes (≥ 0) at the batch's mean outcome added to each milestone's anchor
     value, so a milestone few episodes verified is not given an extreme value."""
+    gigpo_step_weight: float = Field(1.0, ge=0.0, le=10.0)
+    """ω of ``gigpo``: the weight of the step-level (anchor-state) advantage beside the
+    episode-level one (1 in the paper)."""
     outcome_weight_succeeded: float = Field(0.5, ge=0.0, le=1.0)
     """Weight in [0, 1] of anchored credit when every episode of the batch succeeded, so that
     only the outcome's length term (κ) separates them: the local credit, which prices each
@@ -147,7 +153,8 @@ class TrainConfig(_Section):
     entropy_coef: float = Field(0.01, ge=0.0)
     """Entropy bonus weight."""
     objective: Literal["ppo", "grpo"] = "ppo"
-    """Manager objective."""
+    """Manager objective: ``grpo`` is the clipped objective on GRPO advantages, the same as
+    ``credit.mode: grpo`` (kept for configs written before that mode existed)."""
     max_steps: int | None = Field(None, ge=1)
     """Primitive step cap per episode; defaults to the environment's ``max_cycles``."""
 

@@ -96,6 +96,21 @@ def anchor_inputs(trajectories: list[Trajectory], seg: Segments, names: tuple[st
             "at_end": torch.from_numpy(at_end)}
 
 
+def anchor_states(trajectories: list[Trajectory], seg: Segments, features: np.ndarray) -> torch.Tensor:
+    """GiGPO's anchor-state group of every call (in ``seg``'s row order), [N] long: calls
+    share a group when they decided for the same agent, in the same task seed, from the same
+    decision state — the manager's features, the time fraction (their last column) aside."""
+    ids: dict[tuple[int, int, bytes], int] = {}
+    out, i = [], 0
+    for r, row in enumerate(seg.calls):
+        seed = trajectories[int(seg.episode[r])].task_seed
+        for c in row:
+            key = (seed, c.agent_index, features[i, :-1].tobytes())
+            out.append(ids.setdefault(key, len(ids)))
+            i += 1
+    return torch.tensor(out, dtype=torch.long)
+
+
 def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: ExperimentConfig, featurizer: Featurizer,
                 state_scaler: StateScaler | None, names: tuple[str, ...]) -> B.Batch:
     """C: option-level advantages and critic targets for the segmented ``trajectories``, one
@@ -114,7 +129,12 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
         milestones[r, :n] = torch.tensor([bool(c.milestones) for c in row])
         mask[r, :n] = True
     credit = config.credit
+    flat = [c for row in seg.calls for c in row]
+    features = featurizer.many(flat)
     anchors = anchor_inputs(trajectories, seg, names) if credit.anchored else {}
+    if credit.mode == "gigpo":
+        anchors["anchors"] = torch.zeros(R, T, dtype=torch.long)
+        anchors["anchors"][mask] = anchor_states(trajectories, seg, features)
     advantages, _ = option_advantages(
         mode="grpo" if config.train.objective == "grpo" else credit.mode,
         rewards=rewards, values=values, durations=durations,
@@ -124,18 +144,18 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
         groups=torch.tensor([t.task_seed for t in trajectories], dtype=torch.long),
         success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
         w_max=credit.blend_weight, w_length=credit.outcome_weight_succeeded, std_ref=0.5,
-        outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior, **anchors,
+        outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior,
+        step_weight=credit.gigpo_step_weight, **anchors,
     )
     # critic targets: Monte-Carlo SMDP returns (every row ends its episode)
     returns = smdp_returns(rewards=rewards, durations=durations, terminated=terminated,
                            truncated=torch.zeros_like(terminated), gamma=credit.gamma,
                            bootstrap_value=torch.zeros(R), mask=mask)
-    flat = [c for row in seg.calls for c in row]
     extra = {}
     if state_scaler is not None:
         extra[B.STATE] = torch.from_numpy(np.stack([state_scaler(c.state) for c in flat]))
     return extra | {
-        B.FEATURES: torch.from_numpy(featurizer.many(flat)),
+        B.FEATURES: torch.from_numpy(features),
         B.AGENT: torch.tensor([c.agent_index for c in flat], dtype=torch.long),
         B.MASK: torch.from_numpy(np.stack([c.mask for c in flat])),
         B.OPTION: torch.tensor([c.option for c in flat], dtype=torch.long),

@@ -13,6 +13,7 @@ from gyre_ma.credit.blend import (
     option_advantages,
 )
 from gyre_ma.credit.gae import smdp_gae, smdp_returns
+from gyre_ma.credit.gigpo import gigpo_advantages
 from gyre_ma.credit.outcome import GroupStats, episode_outcomes, group_outcome_advantages, group_outcome_stats
 from gyre_ma.credit.segmented import segmented_gae
 
@@ -25,6 +26,7 @@ __all__ = [
     "anchored_outcome_credit",
     "blend_advantages",
     "episode_outcomes",
+    "gigpo_advantages",
     "group_outcome_advantages",
     "group_outcome_stats",
     "option_advantages",

@@ -32,11 +32,12 @@ import torch
 from torch import Tensor
 
 from gyre_ma.credit.anchors import anchored_outcome_credit, spread_over_calls
-from gyre_ma.credit.gae import _check_bool, _check_shape, _check_unit, smdp_gae
+from gyre_ma.credit.gae import _check_bool, _check_shape, _check_unit, smdp_gae, smdp_returns
+from gyre_ma.credit.gigpo import gigpo_advantages
 from gyre_ma.credit.outcome import group_outcome_advantages, group_outcome_stats
 from gyre_ma.credit.segmented import segmented_gae
 
-AdvantageMode = Literal["plain", "segmented", "blend", "grpo"]
+AdvantageMode = Literal["plain", "segmented", "blend", "grpo", "gigpo"]
 OutcomeCredit = Literal["anchored", "episode"]
 
 
@@ -130,6 +131,8 @@ def option_advantages(
     anchor_prior: float | None = None,
     success: Tensor | None = None,
     w_length: float | None = None,
+    anchors: Tensor | None = None,
+    step_weight: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Advantages for the manager and value targets for its critic: ``(advantages, returns)``.
 
@@ -150,6 +153,12 @@ def option_advantages(
       (:func:`~gyre_ma.credit.outcome.group_outcome_advantages`, no local term); needs
       ``outcomes`` and ``groups`` and, unless row b is episode b, ``episode_index``; its
       returns are segmented λ-returns where ``milestones`` are given, else plain.
+    - ``"gigpo"``: GRPO's episode advantage plus ``step_weight`` times the step-level group
+      advantage over the decisions taken from the same anchor state
+      (:func:`~gyre_ma.credit.gigpo.gigpo_advantages`); a decision's return is its
+      discounted call rewards plus its episode's outcome, paid at the row's last call.
+      Needs ``outcomes``, ``groups``, ``anchors`` [B, T] integer, ``step_weight``,
+      ``mask`` and, unless row b is episode b, ``episode_index``.
 
     The blend's settings (``w_max``, ``outcome_credit``, ``w_length``, ``anchor_prior``)
     have no defaults: the config (:class:`~gyre_ma.config.CreditConfig`) owns them.
@@ -162,6 +171,8 @@ def option_advantages(
     common = dict(rewards=rewards, values=values, durations=durations, terminated=terminated,
                   truncated=truncated, gamma=gamma, lam=lam, bootstrap_value=bootstrap_value,
                   next_values=next_values, mask=mask)
+    if mode == "gigpo":
+        return _gigpo(common, outcomes, groups, anchors, episode_index, step_weight, eps)
     if mode == "plain" or (mode == "grpo" and milestones is None):
         advantages, returns = smdp_gae(**common)
         return (_grpo(advantages, outcomes, groups, episode_index, mask, eps), returns) if mode == "grpo" else (
@@ -209,6 +220,29 @@ def _grpo(local: Tensor, outcomes: Tensor | None, groups: Tensor | None, episode
     weights = torch.ones_like(per_episode)
     return blend_advantages(local=local, outcome_advantages=per_episode, weights=weights,
                             episode_index=episode_index, mask=mask)
+
+
+def _gigpo(common: dict, outcomes: Tensor | None, groups: Tensor | None, anchors: Tensor | None,
+           episode_index: Tensor | None, step_weight: float | None, eps: float) -> tuple[Tensor, Tensor]:
+    missing = [n for n, x in (("outcomes", outcomes), ("groups", groups), ("anchors", anchors),
+                              ("step_weight", step_weight), ("mask", common["mask"])) if x is None]
+    if missing:
+        raise ValueError(f"mode 'gigpo' needs outcomes and groups [E], anchors and mask [B, T] and step_weight; "
+                         f"missing {missing}")
+    rewards, mask = common["rewards"], common["mask"]
+    if rewards.ndim != 2:
+        raise ValueError(f"mode 'gigpo' needs [B, T] inputs, got rewards of shape {tuple(rewards.shape)}")
+    if episode_index is None:
+        episode_index = torch.arange(rewards.shape[0], device=rewards.device)
+    last = (mask.long().cumsum(-1) == mask.long().sum(-1, keepdim=True)) & mask  # each row's last real call
+    paid = rewards + torch.where(last, outcomes[episode_index].unsqueeze(-1).to(rewards.dtype), 0.0)
+    returns = smdp_returns(**{k: v for k, v in common.items() if k not in ("values", "lam", "rewards")},
+                           rewards=paid)
+    advantages = gigpo_advantages(
+        episode_advantages=group_outcome_advantages(outcomes=outcomes, groups=groups, eps=eps),
+        step_returns=returns, anchors=anchors, episode_index=episode_index, mask=mask,
+        step_weight=step_weight, eps=eps)
+    return advantages, returns
 
 
 def _anchored_blend(*, local: Tensor, outcomes: Tensor, verified_at: Tensor | None, call_milestones: Tensor | None,

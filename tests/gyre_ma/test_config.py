@@ -45,7 +45,7 @@ def test_every_field_has_a_docstring():
 def test_errors_name_path_value_and_expectation():
     with pytest.raises(ConfigError, match=r"'train.lr': Input should be greater than 0 \(got -1\)"):
         parse_config({"train": {"lr": -1}})
-    with pytest.raises(ConfigError, match=r"unknown key 'credit.lamda'; accepted keys here: \['anchor_prior', 'gamma', 'lam'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'credit.lamda'; accepted keys here: \['anchor_prior', 'gamma', 'gigpo_step_weight', 'lam'"):
         parse_config({"credit": {"lamda": 0.9}})
     with pytest.raises(ConfigError, match=r"`train.episodes_per_iteration` \(10\) must be a multiple of the group "
                                           r"size, `roles.explorers` \(1\) \+ `roles.executors` \(3\) = 4"):

@@ -65,7 +65,8 @@ class _Spec(BaseModel):
 
 class Budget(_Spec):
     iterations: int = Field(ge=1, le=MAX_COUNT)
-    """Training iterations of every run (``train.iterations``)."""
+    """Training iterations of every run (``train.iterations``); a variant may set its own
+    ``train.iterations`` (e.g. a baseline at 10x the budget)."""
 
 
 class ReportSpec(_Spec):
@@ -175,15 +176,16 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
     folder = Path(root if root is not None else spec.root) / spec.name
     common = _flatten(spec.overrides, "overrides")
     for key in ("seed", "name", "run_root", "train.iterations"):
-        if key in common or any(key in _flatten(v, f"variants.{n}") for n, v in spec.variants.items()):
+        variants = [n for n, v in spec.variants.items() if key in _flatten(v, f"variants.{n}")]
+        if key in common or (variants and key != "train.iterations"):
             raise ConfigError(f"{source.name}: '{key}' is set by the experiment itself (seeds, run names, root, "
-                              "budget); remove it from the overrides")
+                              "budget); remove it from the overrides"
+                              + (" (a variant may set its own train.iterations)" if key == "train.iterations" else ""))
     runs = []
     for variant, extra in spec.variants.items():
-        sets = common | _flatten(extra, f"variants.{variant}")
+        sets = {"train.iterations": spec.budget.iterations} | common | _flatten(extra, f"variants.{variant}")
         for seed in spec.seed_list:
-            run = RunSpec(variant, seed, sets | {"seed": seed, "name": f"{variant}-s{seed}",
-                                                 "train.iterations": spec.budget.iterations})
+            run = RunSpec(variant, seed, sets | {"seed": seed, "name": f"{variant}-s{seed}"})
             try:
                 load_config(base, run.overrides | {"run_root": str(folder / "runs")})
             except ConfigError as exc:

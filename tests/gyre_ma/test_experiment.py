@@ -164,6 +164,6 @@ def test_train_commands_pass_each_override_as_yaml(tmp_path):
     exp = load_experiment(_experiment(tmp_path))
     cmd = train_command(exp, exp.runs[2], resume=False)
     sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
-    assert sets == ["train.lr=0.001", "credit.mode=plain", "seed=0", "name=plain_gae-s0", "train.iterations=2"]
+    assert sets == ["train.iterations=2", "train.lr=0.001", "credit.mode=plain", "seed=0", "name=plain_gae-s0"]
     assert "--resume" in train_command(exp, exp.runs[2], resume=True)
     assert os.path.isabs(cmd[cmd.index("--run-root") + 1])

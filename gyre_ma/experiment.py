@@ -173,7 +173,7 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
     if not base.is_file():
         raise ConfigError(f"{source.name}: 'base': config {str(base)!r} does not exist (the path is relative to "
                           "the experiment file's folder)")
-    folder = Path(root if root is not None else spec.root) / spec.name
+    folder = Path(root if root is not None else spec.root).resolve() / spec.name  # the same path on a Ray node
     common = _flatten(spec.overrides, "overrides")
     for key in ("seed", "name", "run_root", "train.iterations"):
         variants = [n for n, v in spec.variants.items() if key in _flatten(v, f"variants.{n}")]

@@ -127,6 +127,17 @@ def test_a_killed_experiment_loses_no_finished_run_and_resumes_the_others(tmp_pa
     assert kept_eval == _digest(first / "eval.json")
 
 
+def test_runs_play_as_ray_tasks(tmp_path):
+    path = _experiment(tmp_path, seeds=1, iterations=1)
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "experiment", str(path), "--ray", "--quiet"],
+                         capture_output=True, text=True, timeout=600,
+                         env=os.environ | {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder = tmp_path / "root" / "tiny_grid"
+    assert [run_state(folder / "runs" / n) for n in ("anchored-s0", "plain_gae-s0")] == ["done", "done"]
+    assert "all 2 runs done" in out.stdout
+
+
 def test_experiment_files_are_validated_like_configs_naming_the_key(tmp_path, capsys):
     path = _experiment(tmp_path, extra="budgett: 3\n")
     assert main(["experiment", str(path), "--quiet"]) == 2

@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.backends.faults import stuck_library
 from gyre_ma.config import parse_config
 from gyre_ma.envs.registry import make_env

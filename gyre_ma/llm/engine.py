@@ -1,0 +1,75 @@
+"""One interface to a causal language model: batched scoring and batched generation.
+
+LLM-backed options and managers ask a model two things, always for many agents and
+episodes at once (the batched rollout engine gathers them):
+
+- :meth:`LLMEngine.score` — the summed log-probability of each candidate continuation
+  given its prompt (an option acting by choosing among admissible actions, a manager
+  choosing among eligible options: constrained, so an invalid choice has probability 0);
+- :meth:`LLMEngine.generate` — a continuation of each prompt, cut at the first stop
+  string (an option that writes a tool call to be parsed and validated).
+
+Two implementations: :class:`~gyre_ma.llm.hf.TransformersEngine` (CPU or GPU) and
+:class:`~gyre_ma.llm.vllm_engine.VLLMEngine` (GPU; the ``vllm`` extra, imported only when
+chosen). Models are read from a local directory only, never from a hub.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+EngineKind = Literal["transformers", "vllm"]
+
+
+class LLMEngine(Protocol):
+    def score(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """For each prompt, the summed log-probability of each of its candidates given it:
+        ``candidates[i]`` (non-empty strings) → float64 array of ``len(candidates[i])``."""
+        ...
+
+    def generate(self, prompts: Sequence[str], *, max_new_tokens: int, stop: Sequence[str] = (),
+                 temperature: float = 0.0, seed: int = 0) -> list[str]:
+        """A continuation of each prompt (greedy at temperature 0), cut before the first of
+        ``stop``; at most ``max_new_tokens`` tokens."""
+        ...
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """A model must be a local directory holding a config (never a hub name)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"model {str(path)!r} is not a local directory; gyre-ma loads models from disk only "
+                         "(save one with save_pretrained, or build one with gyre_ma.llm.tiny.build_tiny_model)")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"model directory {str(p)!r} has no config.json; expected a directory written by "
+                         "save_pretrained (model and tokenizer)")
+    return p
+
+
+def check_requests(prompts: Sequence[str], candidates: Sequence[Sequence[str]] | None = None) -> None:
+    if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+        raise TypeError("prompts must be a sequence of strings")
+    if candidates is None:
+        return
+    if len(candidates) != len(prompts):
+        raise ValueError(f"need one candidate list per prompt, got {len(candidates)} lists for {len(prompts)} prompts")
+    for i, cands in enumerate(candidates):
+        if isinstance(cands, str) or not cands or not all(isinstance(c, str) and c for c in cands):
+            raise ValueError(f"candidates[{i}] must be a non-empty list of non-empty strings, got {cands!r}")
+
+
+def make_engine(kind: EngineKind, model: str | Path, **options: Any) -> LLMEngine:
+    """The engine ``kind`` on the local model directory ``model``."""
+    if kind == "transformers":
+        from gyre_ma.llm.hf import TransformersEngine
+
+        return TransformersEngine(model, **options)
+    if kind == "vllm":
+        from gyre_ma.llm.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, **options)
+    raise ValueError(f"engine kind must be 'transformers' or 'vllm', got {kind!r}")

@@ -103,6 +103,12 @@ class Trajectory:
     """The episode ran past ``backend.episode_timeout_s`` and was cut, as a truncation."""
     subpolicy_seconds: float = 0.0
     """Wall time spent inside the options' sub-policies (the user's code), for profiling."""
+    llm_requests: int = 0
+    """Model requests of LLM-backed sub-policies (retries included)."""
+    llm_invalid: int = 0
+    """Model outputs an LLM-backed sub-policy could not use (each one retried or replaced)."""
+    llm_fallbacks: int = 0
+    """Steps whose LLM-backed sub-policy ran out of retries and took its fallback action."""
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]
@@ -112,7 +118,7 @@ class _Running:
     """An option call in progress. The per-step sums live here and reach ``call`` when it
     ends (:meth:`close`): the step loop touches only these slots."""
 
-    __slots__ = ("call", "ctx", "option", "policy", "behaviour", "raw", "spent")
+    __slots__ = ("call", "ctx", "option", "policy", "behaviour", "raw", "spent", "batched")
 
     def __init__(self, call: OptionCall, ctx: OptionContext, option: Option) -> None:
         self.call, self.ctx, self.option = call, ctx, option
@@ -122,6 +128,8 @@ class _Running:
             self.policy = self.behaviour.act
         else:
             self.behaviour, self.policy = None, option.policy
+        self.batched = callable(getattr(self.policy, "request", None)) and callable(getattr(self.policy, "resolve", None))
+        """Its action comes from a batched model call (an LLM option): asked of the driver."""
         self.raw = 0.0
         self.spent = 0.0
         """Seconds its sub-policy has run in this call."""
@@ -166,9 +174,14 @@ def run_episode(
                         episode_timeout_s=episode_timeout_s)
     users = is_users(manager)
     try:
-        decision = next(play)
+        pending = next(play)
         while True:
-            decision = play.send(ask(manager, decision, users_manager=users, seed=seed))
+            if isinstance(pending, Decision):
+                pending = play.send(ask(manager, pending, users_manager=users, seed=seed))
+            else:  # LLM-backed sub-policies' requests (gyre_ma.llm.option.ActionRequests)
+                from gyre_ma.llm.option import answer
+
+                pending = play.send(answer(pending.requests))
     except StopIteration as done:
         return done.value
 
@@ -209,8 +222,10 @@ def play_episode(
     episode_timeout_s: float | None = None,
 ) -> Generator[Decision, Choice, Trajectory]:
     """Play one episode, option by option, as a coroutine: it yields each
-    :class:`Decision` to be made and takes the :class:`Choice` sent back; it returns the
-    whole :class:`Trajectory`. :func:`run_episode` drives it with one manager; the batched
+    :class:`Decision` to be made and takes the :class:`Choice` sent back, and yields the
+    model requests of LLM-backed sub-policies (:class:`~gyre_ma.llm.option.ActionRequests`,
+    every such agent of a step together) and takes their answers; it returns the whole
+    :class:`Trajectory`. :func:`run_episode` drives it with one manager; the batched
     engine (:mod:`gyre_ma.backends.engine`) drives many at once.
 
     At each step every live agent between options gets one decision, in ``env.agents``
@@ -305,6 +320,7 @@ def play_episode(
     try:
         while env.agents and step < cap and not goals <= verified:
             actions = {}
+            deferred: list[str] = []
             for a in env.agents:
                 set_aside: set[int] = set()
                 while a not in actions:
@@ -320,6 +336,9 @@ def play_episode(
                         resumed = time.perf_counter()
                         watch.episode_deadline = resumed + budget
                         run = running[a] = start(d, choice, step)
+                    if run.batched:  # its action is asked of the driver with the step's others
+                        deferred.append(a)
+                        break
                     started = time.perf_counter()
                     if started >= watch.episode_deadline:
                         raise EpisodeTimeout()
@@ -349,6 +368,13 @@ def play_episode(
                     break
             if traj.dead_ends:
                 break
+            if deferred:
+                budget -= time.perf_counter() - resumed
+                watch.episode_deadline = math.inf
+                yield from _ask_models(deferred, running, actions, checks, traj)
+                resumed = time.perf_counter()
+                watch.episode_deadline = resumed + budget
+                actions = {a: actions[a] for a in env.agents if a in actions}  # the env's agent order
             try:
                 observations, rewards, terms, truncs, _ = env.step(actions)
             except UserCodeError:
@@ -406,6 +432,39 @@ def play_episode(
     traj.length = step
     traj.success = goals <= verified
     return traj
+
+
+def _ask_models(agents: list[str], running: dict[str, _Running | None], actions: dict[str, Any],
+                checks: dict[str, Callable[[Any, str], Any]], traj: Trajectory) -> Generator[Any, Any, None]:
+    """The actions of ``agents``, whose LLM-backed sub-policies ask a model: their requests
+    are yielded together (:class:`~gyre_ma.llm.option.ActionRequests`) and the answers sent
+    back; an output a policy cannot use is retried the same way until it gives an action."""
+    from gyre_ma.llm.option import ActionRequests
+
+    def user(what: str, run: _Running, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            raise UserCodeError(f"{what} of {callable_name(run.policy)}, option {run.option.name!r} "
+                                f"(agent {run.ctx.agent!r})", exc) from exc
+
+    runs = {a: running[a] for a in agents}
+    pending = {a: user("the request", r, lambda r=r: r.policy.request(r.ctx)) for a, r in runs.items()}
+    while pending:
+        traj.llm_requests += len(pending)
+        replies = yield ActionRequests(list(pending.values()))
+        retry = {}
+        for (a, request), reply in zip(pending.items(), replies, strict=True):
+            run = runs[a]
+            got = user("resolve", run, lambda run=run, request=request, reply=reply:
+                       run.policy.resolve(run.ctx, request, reply))
+            traj.llm_invalid += bool(got.invalid)
+            traj.llm_fallbacks += bool(got.fallback)
+            if got.retry is not None:
+                retry[a] = got.retry
+            else:
+                actions[a] = checks[a](got.action, run.option.name)
+        pending = retry
 
 
 _UNWATCHED = types.SimpleNamespace(option_deadline=math.inf, episode_deadline=math.inf)

@@ -17,7 +17,7 @@ from gyre_ma.options.yaml_file import read_yaml
 
 _OPTION_KEYS = {
     "name", "milestone", "policy", "initiation", "done", "failure", "max_steps", "repeatable",
-    "description",
+    "description", "kind", "llm",
 }
 _CALLABLE_KEYS = ("policy", "initiation", "done", "failure")
 
@@ -184,11 +184,25 @@ class OptionLibrary:
             bad = set(raw) - _OPTION_KEYS
             if bad:
                 raise ValueError(f"{at}: unknown key(s) {sorted(bad)}; accepted: {sorted(_OPTION_KEYS)}")
+            kind = raw.get("kind", "callable")
+            if kind not in ("callable", "llm"):
+                raise ValueError(f"{at}.kind: expected 'callable' (a policy: module:callable) or 'llm', got {kind!r}")
+            if kind == "llm":
+                if "name" not in raw or "llm" not in raw or "policy" in raw:
+                    raise ValueError(f"{at}: an option of kind 'llm' needs 'name' and 'llm' (its model and "
+                                     "prompt), and no 'policy'")
+                from gyre_ma.llm.option import policy_from_spec
+
+                raw = {k: v for k, v in raw.items() if k not in ("kind", "llm")} | {
+                    "policy": policy_from_spec(raw["llm"], name=str(raw["name"]), milestone=raw.get("milestone"),
+                                               graph=graph, where=f"{at}.llm")}
+            elif "llm" in raw:
+                raise ValueError(f"{at}: 'llm' is for options of kind 'llm'; add kind: llm")
             if "name" not in raw or "policy" not in raw:
                 raise ValueError(f"{at}: 'name' and 'policy' are required")
-            kwargs = dict(raw)
+            kwargs = {k: v for k, v in raw.items() if k != "kind"}
             for key in _CALLABLE_KEYS:
-                if kwargs.get(key) is not None:
+                if isinstance(kwargs.get(key), str):
                     kwargs[key] = resolve(kwargs[key], f"{at}.{key}")
             try:
                 library.add(Option(**kwargs))

@@ -23,6 +23,11 @@ forward pass; for a given (seed, ``num_envs``) the results are identical run to 
 Each slot has an env of its own, so an option must act on the env it is given
 (``ctx.env``), never on one its library's factory saw: that one is slot 0's.
 
+An episode whose agents run LLM-backed options (:mod:`gyre_ma.llm.option`) yields their
+model requests instead, all agents of a step together; a round answers the requests of
+every env in flight with one engine call per model and operation, beside the batched
+decisions of the others.
+
 A fault (an exception in an env or a user's option) costs only its own episode: with
 ``faults="collect"`` the engine records it (:class:`EpisodeFault`), drops that slot's
 env and goes on with the others; with ``faults="raise"`` it raises at once.
@@ -111,8 +116,20 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
         live = [(slot, f) for slot, f in enumerate(slots) if f is not None]
         if not live:
             break
-        choices = deciders.decide([slot for slot, _ in live], [f.decision for _, f in live])
-        for (slot, flight), choice in zip(live, choices, strict=True):
-            if not advance(slot, flight, choice):
+        deciding = [(slot, f) for slot, f in live if isinstance(f.decision, Decision)]
+        asking = [(slot, f) for slot, f in live if not isinstance(f.decision, Decision)]
+        replies: list[Any] = []
+        if deciding:
+            replies += deciders.decide([slot for slot, _ in deciding], [f.decision for _, f in deciding])
+        if asking:  # LLM-backed sub-policies: every env's requests in one call per model and operation
+            from gyre_ma.llm.option import answer
+
+            flat = answer([r for _, f in asking for r in f.decision.requests])
+            at = 0
+            for _, f in asking:
+                replies.append(flat[at:at + len(f.decision.requests)])
+                at += len(f.decision.requests)
+        for (slot, flight), reply in zip(deciding + asking, replies, strict=True):
+            if not advance(slot, flight, reply):
                 fill(slot)
     return results

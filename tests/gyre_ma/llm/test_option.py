@@ -1,0 +1,142 @@
+"""LLM-backed options (issue #21, part 2): declared in YAML beside scripted ones, acting by
+constrained scoring or by generation with retries and a fallback, and batched across the
+agents and envs of a worker into one engine call per round."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
+
+from gyre_ma.agents.baselines import RandomManager  # noqa: E402
+from gyre_ma.backends.local import LocalBackend  # noqa: E402
+from gyre_ma.backends.worker import RolloutWorker, policy_weights  # noqa: E402
+from gyre_ma.config import parse_config  # noqa: E402
+from gyre_ma.envs.coverage.coverage import task_graph  # noqa: E402
+from gyre_ma.envs.registry import make_env  # noqa: E402
+from gyre_ma.llm.hf import TransformersEngine  # noqa: E402
+from gyre_ma.llm.option import LLMPolicy  # noqa: E402
+from gyre_ma.llm.tiny import build_tiny_model  # noqa: E402
+from gyre_ma.options.library import OptionLibrary  # noqa: E402
+from gyre_ma.options.option import Option  # noqa: E402
+from gyre_ma.roles import RolloutTask  # noqa: E402
+from gyre_ma.rollout import run_episode  # noqa: E402
+
+MOVES = ["stay", "up", "down", "left", "right"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    words = MOVES + "task observation admissible actions action walk to landmark and claim it wander".split()
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), words + [":", ",", "."], layers=2, width=32)
+
+
+def _library(policy) -> OptionLibrary:
+    library = OptionLibrary("llm", task_graph(3, 9))
+    library.add(Option("wander", policy, None, done=lambda ctx: ctx.steps >= 2, max_steps=2))
+    return library
+
+
+def _render(ctx) -> str:
+    return " ".join(f"{x:.1f}" for x in np.asarray(ctx.observation).ravel()[:4])
+
+
+def test_a_scoring_option_acts_within_the_action_space_and_is_counted(model_dir):
+    engine = TransformersEngine(model_dir)
+    policy = LLMPolicy(engine, actions=MOVES, description="wander", render=_render, name="wander")
+    traj = run_episode(make_env("coverage_v0"), _library(policy), RandomManager(0), seed=3)
+    steps = sum(c.duration for c in traj.calls)
+    assert traj.length > 0 and traj.llm_requests == steps  # one scored request per agent and step
+    assert traj.llm_invalid == traj.llm_fallbacks == 0  # constrained: nothing to reject
+    again = run_episode(make_env("coverage_v0"), _library(policy), RandomManager(0), seed=3)
+    assert [(c.agent, c.start_step, c.duration) for c in again.calls] == [
+        (c.agent, c.start_step, c.duration) for c in traj.calls]
+
+
+def test_a_generating_option_retries_unusable_output_then_falls_back(model_dir):
+    engine = TransformersEngine(model_dir)
+    policy = LLMPolicy(engine, actions=MOVES, mode="generate", fallback=0, retries=2, render=_render,
+                       max_new_tokens=3, name="wander")  # an untrained model writes mostly nonsense
+    traj = run_episode(make_env("coverage_v0"), _library(policy), RandomManager(0), seed=3)
+    steps = sum(c.duration for c in traj.calls)
+    assert traj.llm_invalid > 0 and traj.llm_fallbacks > 0
+    # each step: its attempts are its requests; all but the last invalid, or all when it fell back
+    assert traj.llm_requests == traj.llm_invalid + steps - traj.llm_fallbacks
+    assert traj.llm_invalid >= 3 * traj.llm_fallbacks
+    with pytest.raises(ValueError, match="mode 'generate' needs a fallback"):
+        LLMPolicy(engine, actions=MOVES, mode="generate")
+    with pytest.raises(ValueError, match="unknown field"):
+        LLMPolicy(engine, actions=MOVES, template="{nope}")
+
+
+def _yaml_library(tmp_path, model_dir) -> str:
+    path = tmp_path / "library.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: mixed
+        graph: gyre_ma.envs.coverage.coverage:task_graph
+        options:
+          - {{name: go_to_0, milestone: covered_0, policy: gyre_ma.envs.coverage.options:go_to_0,
+             initiation: gyre_ma.envs.coverage.options:can_move, max_steps: 18}}
+          - {{name: go_to_1, milestone: covered_1, policy: gyre_ma.envs.coverage.options:go_to_1,
+             initiation: gyre_ma.envs.coverage.options:can_move, max_steps: 18}}
+          - {{name: go_to_2, milestone: covered_2, policy: gyre_ma.envs.coverage.options:go_to_2,
+             initiation: gyre_ma.envs.coverage.options:can_move, max_steps: 18}}
+          - name: wander
+            kind: llm
+            done: gyre_ma.envs.coverage.options:stay_done
+            max_steps: 1
+            llm: {{model: '{model_dir}', actions: [stay, up, down, left, right], mode: score}}
+        """))
+    return str(path)
+
+
+def _fingerprint(t) -> tuple:
+    return (t.task_seed, t.length, t.success, t.llm_requests,
+            tuple((c.agent, c.option, c.start_step, c.duration) for c in t.calls))
+
+
+def test_a_yaml_library_mixes_scripted_and_llm_options_and_batches_them_across_envs(tmp_path, model_dir,
+                                                                                     monkeypatch):
+    library = _yaml_library(tmp_path, model_dir)
+
+    def config(num_envs: int):
+        return parse_config({"seed": 0, "env": {"id": "coverage_v0"}, "library": library,
+                             "manager": {"hidden": 16}, "rollout": {"num_envs": num_envs}})
+
+    worker = RolloutWorker(config(1))
+    torch.manual_seed(0)
+    weights = policy_weights(worker.kit.policy, worker.kit.critic)
+    tasks = [RolloutTask("executor", seed) for seed in range(6)]
+    calls: list[int] = []
+    real = TransformersEngine.score
+
+    def spy(self, prompts, candidates):
+        calls.append(len(prompts))
+        return real(self, prompts, candidates)
+
+    monkeypatch.setattr(TransformersEngine, "score", spy)
+    alone = [_fingerprint(t) for t in LocalBackend(config(1)).collect(weights, 0, tasks)]
+    alone_calls, calls[:] = list(calls), []
+    batched = [_fingerprint(t) for t in LocalBackend(config(4)).collect(weights, 0, tasks)]
+    assert sum(f[3] for f in alone) > 0  # the manager chose the LLM option
+    assert batched == alone  # the same episodes however many are in flight
+    assert sum(calls) == sum(alone_calls) and max(calls) > max(alone_calls)  # wider calls...
+    assert len(calls) < len(alone_calls)  # ...and fewer of them: one per round, for every env in flight
+
+
+def test_yaml_mistakes_in_an_llm_option_are_named(tmp_path, model_dir):
+    from gyre_ma.options.library import OptionLibrary as Lib
+
+    base = {"name": "x", "graph": "gyre_ma.envs.coverage.coverage:task_graph"}
+    with pytest.raises(ValueError, match=r"options\[0\]: an option of kind 'llm' needs 'name' and 'llm'"):
+        Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm", "policy": "a:b"}]})
+    with pytest.raises(ValueError, match=r"options\[0\].llm: unknown key\(s\) \['modle'\]"):
+        Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm", "llm": {"modle": "x", "actions": ["a"]}}]})
+    with pytest.raises(ValueError, match=r"options\[0\].llm: model .* is not a local directory"):
+        Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm", "llm": {"model": "gpt2", "actions": ["a"]}}]})
+    with pytest.raises(ValueError, match=r"options\[0\]: 'llm' is for options of kind 'llm'"):
+        Lib.from_spec(base | {"options": [{"name": "w", "policy": "a:b", "llm": {}}]})

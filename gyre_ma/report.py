@@ -95,7 +95,7 @@ def summarize(folder: Path, *, reps: int | None = None) -> dict[str, Any]:
     runs = collect(folder, spec)
     done = [r for r in runs if r.state == "done"]
     by_variant = {v: [r for r in done if r.variant == v] for v in spec.variants}
-    out: dict[str, Any] = {"name": spec.name, "runs": len(runs), "done": len(done),
+    out: dict[str, Any] = {"name": spec.name, "runs": len(runs), "done": len(done), "reps": reps,
                            "variants": {}, "improvement": {}}
     for i, (variant, rs) in enumerate(by_variant.items()):
         entry: dict[str, Any] = {"runs": len(rs), "missing": [r.name for r in runs
@@ -195,7 +195,7 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
              f"Base config `{spec.base}`; {len(spec.variants)} variants × {len(spec.seed_list)} seeds, "
              f"{spec.budget.iterations} iterations each. {s['done']} of {s['runs']} runs finished and evaluated.",
              "Every interval is a 95 % stratified-bootstrap interval over runs "
-             f"({spec.report.reps} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs.", ""]
+             f"({s['reps']} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs.", ""]
     missing = {v: d["missing"] for v, d in s["variants"].items() if d["missing"]}
     if missing:
         lines += ["**Not finished (left out of every table):** "

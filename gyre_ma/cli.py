@@ -202,26 +202,14 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
 
 
 def _lock_run(run_dir: Path) -> Any:
-    """An exclusive lock on ``run_dir`` for this process's lifetime (``fcntl.flock`` on
-    ``run_dir/.lock``): a second trainer of the same run is refused, not interleaved."""
-    import fcntl
-    import os
+    """An exclusive lock on ``run_dir`` for this process's lifetime: a second trainer of
+    the same run is refused, not interleaved."""
+    from gyre_ma.files import FolderInUse, lock_folder
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handle = (run_dir / ".lock").open("a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "another process"
-        handle.close()
-        raise UsageError(f"run directory {str(run_dir)!r} is in use by another gyre-ma train ({owner}); wait for it "
-                         "or choose another name/run_root") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}")
-    handle.flush()
-    return handle
+        return lock_folder(run_dir, "gyre-ma train", "wait for it or choose another name/run_root")
+    except FolderInUse as exc:
+        raise UsageError(f"run directory {exc}") from None
 
 
 _FAULT_KEYS = ("backend/restarts", "backend/timeouts", "backend/reissued", "backend/requeued", "backend/replaced",

@@ -51,7 +51,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gyre_ma.config import MAX_COUNT, ConfigError, _format_error, load_config
-from gyre_ma.files import write_json, write_text
+from gyre_ma.files import lock_folder, write_json, write_text
 from gyre_ma.options.yaml_file import read_yaml
 
 EVAL_FILE = "eval.json"
@@ -313,7 +313,12 @@ def run_experiment(exp: Experiment, *, jobs: int = 1, ray_address: str | None = 
     progress record (``state`` ``done`` or ``failed`` with its error)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
-    exp.folder.mkdir(parents=True, exist_ok=True)
+    with lock_folder(exp.folder, "gyre-ma experiment", "wait for it, or give this one another name or root"):
+        return _run_locked(exp, jobs=jobs, ray_address=ray_address, use_ray=use_ray, on_progress=on_progress)
+
+
+def _run_locked(exp: Experiment, *, jobs: int, ray_address: str | None, use_ray: bool,
+                on_progress: Callable[[list[Progress]], None] | None) -> list[Progress]:
     _record_spec(exp)
     records = [Progress(run) for run in exp.runs]
     for rec in records:

@@ -62,3 +62,29 @@ def write_json(path: Path, obj: Any) -> None:
 def write_text(path: Path, text: str) -> None:
     """``text`` written atomically (UTF-8)."""
     atomic_write(Path(path), text.encode())
+
+
+def lock_folder(folder: Path, what: str, advice: str) -> Any:
+    """An exclusive lock on ``folder`` for as long as the returned handle is open
+    (``fcntl.flock`` on ``folder/.lock``, which holds the owner's pid): a second process
+    doing ``what`` in it is refused with ``advice``, not interleaved."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = (folder / ".lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise FolderInUse(f"{str(folder)!r} is in use by another {what} ({owner}); {advice}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
+
+
+class FolderInUse(ValueError):
+    """Another process holds the folder's lock."""

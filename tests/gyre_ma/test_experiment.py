@@ -171,6 +171,17 @@ def test_a_changed_variant_is_refused_in_an_existing_folder(tmp_path):
     _record_spec(load_experiment(path))  # more seeds: fine
 
 
+def test_a_second_experiment_on_the_same_folder_is_refused(tmp_path, capsys):
+    from gyre_ma.files import lock_folder
+
+    path = _experiment(tmp_path, seeds=1, iterations=1)
+    with lock_folder(load_experiment(path).folder, "gyre-ma experiment", "wait"):
+        assert main(["experiment", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is in use by another gyre-ma experiment (pid" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "root" / "tiny_grid" / "runs").exists()  # nothing ran, nothing was removed
+
+
 def test_train_commands_pass_each_override_as_yaml(tmp_path):
     exp = load_experiment(_experiment(tmp_path))
     cmd = train_command(exp, exp.runs[2], resume=False)

@@ -245,7 +245,7 @@ def _plots(folder: Path, spec: ExperimentSpec, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [r for r in collect(folder, spec) if STEPS in r.metrics and len(r.metrics[STEPS])]
+    runs = [r for r in collect(folder, spec) if r.state == "done" and STEPS in r.metrics and len(r.metrics[STEPS])]
     if not runs:
         return []
     end = max(float(np.nanmax(r.metrics[STEPS])) for r in runs)

@@ -51,6 +51,14 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if _is_experiment_file(args.source):
+        from gyre_ma.experiment import load_experiment
+
+        exp = load_experiment(args.source)  # every run's config, validated
+        console.print(f"experiment {exp.spec.name!r}: valid — {len(exp.runs)} runs ({', '.join(exp.spec.variants)} × "
+                      f"{len(exp.spec.seed_list)} seeds) on {exp.base}; folder {exp.folder}", markup=False,
+                      soft_wrap=True)
+        args.source = str(exp.base)  # and the base config's library and graph below
     library, config = _load_library_and_config(args.source)
     graph = library.graph
     length, path = graph.critical_path()
@@ -73,6 +81,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         console.print(f"config {args.source!r}: valid (experiment {config.name!r}, env {config.env.id})")
     console.print("[green]ok[/green]")
     return 0
+
+
+def _is_experiment_file(source: str) -> bool:
+    """A YAML mapping with ``variants`` and ``base``: an experiment file, not a config."""
+    from gyre_ma.options.yaml_file import read_yaml
+
+    path = Path(source)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return False
+    data = read_yaml(path, "file", UsageError)
+    return isinstance(data, dict) and "variants" in data and "base" in data
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
@@ -450,8 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre-ma", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("check", help="validate a config or option library without running it")
-    p.add_argument("source", help="config YAML, library YAML, or module:callable")
+    p = sub.add_parser("check", help="validate a config, experiment file or option library without running it")
+    p.add_argument("source", help="config YAML, experiment YAML, library YAML, or module:callable")
     p = sub.add_parser("graph", help="draw a library's task graph")
     p.add_argument("source", help="config YAML, library YAML, or module:callable")
     p.add_argument("--out", default="graph.png", help="output .png or .dot")

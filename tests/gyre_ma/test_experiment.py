@@ -139,6 +139,8 @@ def test_runs_play_as_ray_tasks(tmp_path):
 
 
 def test_experiment_files_are_validated_like_configs_naming_the_key(tmp_path, capsys):
+    assert main(["check", str(_experiment(tmp_path))]) == 0
+    assert "experiment 'tiny_grid': valid — 4 runs (anchored, plain_gae × 2 seeds)" in capsys.readouterr().out
     path = _experiment(tmp_path, extra="budgett: 3\n")
     assert main(["experiment", str(path), "--quiet"]) == 2
     err = capsys.readouterr().err

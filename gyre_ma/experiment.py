@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -41,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,9 +255,10 @@ def train_command(exp: Experiment, run: RunSpec, *, resume: bool) -> list[str]:
 
 
 def play_command(exp: Experiment, run: RunSpec, state: RunState) -> list[str]:
-    """One process per run: train it (unless trained), then evaluate it on held-out seeds."""
+    """One process per run (:mod:`gyre_ma.experiment_run`): train it (unless trained), then
+    evaluate it on held-out seeds."""
     e = exp.spec.evaluation
-    cmd = [sys.executable, "-m", "gyre_ma.experiment", "play", str(exp.run_dir(run).resolve()),
+    cmd = [sys.executable, "-m", "gyre_ma.experiment_run", str(exp.run_dir(run).resolve()),
            "--episodes", str(e.episodes), "--seed", str(e.seed), "--checkpoint", e.checkpoint]
     if state in ("new", "partial"):
         cmd += ["--", *train_command(exp, run, resume=state == "partial")]
@@ -436,38 +436,5 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
     return out
 
 
-def _main(argv: Sequence[str]) -> int:
-    """``python -m gyre_ma.experiment play RUN_DIR --episodes N --seed S [-- TRAIN ARGS]``:
-    what :func:`play_run` runs in its child process."""
-    import argparse
-
-    from gyre_ma import cli
-
-    parser = argparse.ArgumentParser(prog="python -m gyre_ma.experiment")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("play", help="train one experiment run (the arguments after --), then evaluate it held-out")
-    p.add_argument("run_dir")
-    p.add_argument("--episodes", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--checkpoint", choices=("final", "best"), default="final")
-    argv = list(argv)
-    train = argv[argv.index("--") + 1:] if "--" in argv else []  # gyre-ma train's own arguments
-    args = parser.parse_args(argv[:len(argv) - len(train) - (1 if train else 0)])
-    if train:
-        rc = cli.main(train)
-        if rc != 0:
-            return rc
-    try:
-        result = evaluate_run(Path(args.run_dir), episodes=args.episodes, seed=args.seed, checkpoint=args.checkpoint)
-    except (ValueError, OSError) as exc:
-        print(f"gyre-ma experiment: evaluating {args.run_dir}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: v for k, v in result.items() if k in ("sampled", "greedy")}))
-    return 0
-
-
 __all__ = ["Budget", "EvaluationSpec", "Experiment", "ExperimentSpec", "Progress", "ReportSpec", "RunFailed",
            "RunSpec", "evaluate_run", "load_experiment", "play_run", "run_experiment", "run_state"]
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

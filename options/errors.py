@@ -48,14 +48,11 @@ def user_frame(error: BaseException) -> str | None:
 
 @functools.cache
 def _gyre_ma_dirs() -> tuple[str, ...]:
-    """gyre-ma's own source folders (an editable install is outside site-packages)."""
-    import gyre_ma
-    import gyre_ma.agents
-    import gyre_ma.envs
-    import gyre_ma.options
-
-    return tuple(str(Path(p).resolve()) + "/" for package in (gyre_ma, gyre_ma.agents, gyre_ma.envs, gyre_ma.options)
-                 for p in package.__path__)
+    """gyre-ma's own source folders, found beside this one (an editable install keeps them
+    outside site-packages; an installed gyre-ma is inside it, which is skipped already)."""
+    root = Path(__file__).resolve().parents[1]
+    return tuple(str(root / name) + "/" for name in ("gyre_ma", "agents", "envs", "options")
+                 if (root / name / "__init__.py").is_file())
 
 
 def callable_name(fn: Any) -> str:

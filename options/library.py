@@ -20,6 +20,10 @@ _OPTION_KEYS = {
     "description", "kind", "llm",
 }
 _CALLABLE_KEYS = ("policy", "initiation", "done", "failure")
+OPTION_KINDS = {"llm": "gyre_ma.llm.option:policy_from_spec"}
+"""Option kinds a library YAML may declare besides plain callables → the builder of their
+sub-policy from the entry's mapping (named by reference: the options layer does not import
+the layers above it)."""
 
 
 def resolve(ref: str, where: str) -> Any:
@@ -191,11 +195,10 @@ class OptionLibrary:
                 if "name" not in raw or "llm" not in raw or "policy" in raw:
                     raise ValueError(f"{at}: an option of kind 'llm' needs 'name' and 'llm' (its model and "
                                      "prompt), and no 'policy'")
-                from gyre_ma.llm.option import policy_from_spec
-
+                build = resolve(OPTION_KINDS["llm"], f"{at}.kind")
                 raw = {k: v for k, v in raw.items() if k not in ("kind", "llm")} | {
-                    "policy": policy_from_spec(raw["llm"], name=str(raw["name"]), milestone=raw.get("milestone"),
-                                               graph=graph, where=f"{at}.llm")}
+                    "policy": build(raw["llm"], name=str(raw["name"]), milestone=raw.get("milestone"),
+                                    graph=graph, where=f"{at}.llm")}
             elif "llm" in raw:
                 raise ValueError(f"{at}: 'llm' is for options of kind 'llm'; add kind: llm")
             if "name" not in raw or "policy" not in raw:

@@ -4,6 +4,7 @@
 an engine of that kind is made. See :mod:`gyre_ma.llm.engine`.
 """
 
-from gyre_ma.llm.engine import EngineKind, LLMEngine, make_engine
+from gyre_ma.llm.engine import EngineKind, LLMEngine
+from gyre_ma.llm.factory import make_engine
 
 __all__ = ["EngineKind", "LLMEngine", "make_engine"]

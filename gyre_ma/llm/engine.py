@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -60,16 +60,3 @@ def check_requests(prompts: Sequence[str], candidates: Sequence[Sequence[str]] |
     for i, cands in enumerate(candidates):
         if isinstance(cands, str) or not cands or not all(isinstance(c, str) and c for c in cands):
             raise ValueError(f"candidates[{i}] must be a non-empty list of non-empty strings, got {cands!r}")
-
-
-def make_engine(kind: EngineKind, model: str | Path, **options: Any) -> LLMEngine:
-    """The engine ``kind`` on the local model directory ``model``."""
-    if kind == "transformers":
-        from gyre_ma.llm.hf import TransformersEngine
-
-        return TransformersEngine(model, **options)
-    if kind == "vllm":
-        from gyre_ma.llm.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model, **options)
-    raise ValueError(f"engine kind must be 'transformers' or 'vllm', got {kind!r}")

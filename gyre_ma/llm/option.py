@@ -209,7 +209,7 @@ def shared_engine(kind: str, model: str, device: str = "cpu") -> LLMEngine:
     library that name the same model share its weights and its batched calls."""
     from pathlib import Path
 
-    from gyre_ma.llm.engine import make_engine
+    from gyre_ma.llm.factory import make_engine
 
     key = (kind, str(Path(model).resolve()), device)
     if key not in _ENGINES:

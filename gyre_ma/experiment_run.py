@@ -1,0 +1,42 @@
+"""One run of an experiment, in the child process :func:`gyre_ma.experiment.play_run`
+starts: ``python -m gyre_ma.experiment_run RUN_DIR --episodes N --seed S [--checkpoint
+final|best] [-- TRAIN ARGS]`` trains the run with ``gyre-ma train`` (the arguments after
+``--``; none when it is already trained), then evaluates it on held-out task seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gyre_ma import cli
+from gyre_ma.experiment import evaluate_run
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gyre_ma.experiment_run", description=__doc__)
+    parser.add_argument("run_dir")
+    parser.add_argument("--episodes", type=int, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--checkpoint", choices=("final", "best"), default="final")
+    argv = list(argv)
+    train = argv[argv.index("--") + 1:] if "--" in argv else []  # gyre-ma train's own arguments
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if train:
+        rc = cli.main(train)
+        if rc != 0:
+            return rc
+    try:
+        result = evaluate_run(Path(args.run_dir), episodes=args.episodes, seed=args.seed, checkpoint=args.checkpoint)
+    except (ValueError, OSError) as exc:
+        print(f"gyre-ma experiment: evaluating {args.run_dir}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in result.items() if k in ("sampled", "greedy")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -300,11 +300,23 @@ def _call(cmd: list[str], log: Path, what: str) -> None:
         raise RunFailed(what, proc.returncode, lines[-1] if lines else f"see {log}")
 
 
+def _libc() -> Any:
+    with contextlib.suppress(OSError):
+        return ctypes.CDLL(None, use_errno=True)
+    return None
+
+
+_LIBC = _libc()
+"""Loaded here, not in the forked child: dlopen there could deadlock on a lock another
+thread of this process held at the fork."""
+
+
 def _die_with_parent() -> None:
     """In the child before exec: be killed when the experiment process dies (Linux
     ``PR_SET_PDEATHSIG``), so a killed experiment leaves no run holding its lock."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    if _LIBC is not None:
+        with contextlib.suppress(Exception):
+            _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 def run_experiment(exp: Experiment, *, jobs: int = 1, ray_address: str | None = None, use_ray: bool = False,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -60,3 +60,45 @@ def check_requests(prompts: Sequence[str], candidates: Sequence[Sequence[str]] |
     for i, cands in enumerate(candidates):
         if isinstance(cands, str) or not cands or not all(isinstance(c, str) and c for c in cands):
             raise ValueError(f"candidates[{i}] must be a non-empty list of non-empty strings, got {cands!r}")
+
+
+def start_token(tokenizer: Any, path: Path) -> int:
+    """The token every request starts with: the tokenizer's BOS, or its EOS where it has none."""
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if start is None:
+        raise ValueError(f"the tokenizer in {str(path)!r} has neither a BOS nor an EOS token to start requests with")
+    return int(start)
+
+
+def scoring_tokens(tokenizer: Any, start: int, prompts: Sequence[str],
+                   candidates: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Each prompt's tokens (``start`` first) and, per prompt, each candidate's tokens as they
+    fall after the prompt; where the boundary merged into one token, the candidate encoded
+    apart. One batched tokenizer call per kind of text (a fast tokenizer loops in Rust).
+    Every engine scores these same tokens."""
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+
+    heads = [[start] + ids for ids in encode(list(prompts))]
+    wholes = iter(encode([p + c for p, cands in zip(prompts, candidates) for c in cands]))
+    tails = []
+    for head, cands in zip(heads, candidates):
+        row = []
+        for cand in cands:
+            whole = [start] + next(wholes)
+            tail = whole[len(head):] if whole[:len(head)] == head and len(whole) > len(head) else encode([cand])[0]
+            if not tail:
+                raise ValueError(f"candidate {cand!r} encodes to no tokens")
+            row.append(tail)
+        tails.append(row)
+    return heads, tails
+
+
+def per_prompt(values: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    """Flat per-candidate ``values`` → one array per prompt of ``counts[i]`` candidates."""
+    out, at = [], 0
+    for n in counts:
+        out.append(np.asarray(values[at:at + n], dtype=np.float64).copy())
+        at += n
+    return out
+

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 from transformers.utils.logging import disable_progress_bar
 
-from gyre_ma.llm.engine import check_model_dir, check_requests
+from gyre_ma.llm.engine import check_model_dir, check_requests, per_prompt, scoring_tokens, start_token
 
 
 class TransformersEngine:
@@ -41,11 +41,8 @@ class TransformersEngine:
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         """The forward pass's KV-cache argument (``past_key_values`` before transformers 5.x renamed it)."""
         tok = self.tokenizer
-        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        if start is None:
-            raise ValueError(f"the tokenizer in {str(path)!r} has neither a BOS nor an EOS token to start requests with")
-        self.start = int(start)
-        self.pad = int(tok.pad_token_id if tok.pad_token_id is not None else start)
+        self.start = start_token(tok, path)
+        self.pad = int(tok.pad_token_id if tok.pad_token_id is not None else self.start)
         self.never = sorted({t for t in (tok.pad_token_id, tok.bos_token_id, tok.unk_token_id)
                              if t is not None and t != tok.eos_token_id})
         """Tokens generation never emits: padding, a second BOS, the unknown word."""
@@ -57,22 +54,7 @@ class TransformersEngine:
     @torch.inference_mode()
     def score(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
         check_requests(prompts, candidates)
-        encode = self.tokenizer  # one batched call per kind of text: the fast tokenizer's loop is in Rust
-        heads = [[self.start] + ids for ids in encode(list(prompts), add_special_tokens=False)["input_ids"]]
-        joined = [p + c for p, cands in zip(prompts, candidates) for c in cands]
-        wholes = iter(encode(joined, add_special_tokens=False)["input_ids"] if joined else [])
-        tails = []
-        for head, cands in zip(heads, candidates):
-            row = []
-            for cand in cands:
-                whole = [self.start] + next(wholes)
-                # the candidate's tokens as they fall after the prompt; where the boundary
-                # merged into one token, the candidate encoded apart
-                tail = whole[len(head):] if whole[:len(head)] == head and len(whole) > len(head) else self._encode(cand)
-                if not tail:
-                    raise ValueError(f"candidate {cand!r} encodes to no tokens")
-                row.append(tail)
-            tails.append(row)
+        heads, tails = scoring_tokens(self.tokenizer, self.start, prompts, candidates)
         out: list[np.ndarray] = []
         for at in range(0, len(heads), self.max_batch):
             out += self._score_chunk(heads[at:at + self.max_batch], tails[at:at + self.max_batch])
@@ -103,12 +85,7 @@ class TransformersEngine:
                               **{self._cache_arg: cache})
             logp = torch.log_softmax(rest.logits.float(), dim=-1).gather(-1, cand[:, 1:, None]).squeeze(-1)
             total = total + (logp * cand_mask[:, 1:]).sum(-1)
-        values = total.double().cpu().numpy()
-        out, at = [], 0
-        for ts in tails:
-            out.append(values[at:at + len(ts)].copy())
-            at += len(ts)
-        return out
+        return per_prompt(total.double().cpu().numpy(), [len(ts) for ts in tails])
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()

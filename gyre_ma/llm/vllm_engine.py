@@ -1,8 +1,9 @@
 """The ``vllm`` engine (GPU; ``pip install gyre-ma[vllm]``), imported only when chosen.
 
-Requests are token ids made by the model directory's own tokenizer exactly as
-:class:`~gyre_ma.llm.hf.TransformersEngine` makes them (BOS first, the candidate's tokens
-as they fall after the prompt), so both engines score the same tokens. Scoring asks vLLM
+Requests are token ids made by the model directory's own tokenizer with
+:func:`~gyre_ma.llm.engine.scoring_tokens`, as :class:`~gyre_ma.llm.hf.TransformersEngine`
+makes them (BOS first, the candidate's tokens as they fall after the prompt), so both
+engines score the same tokens. Scoring asks vLLM
 for the prompt's log-probabilities (``prompt_logprobs``, which always include the actual
 token) over prompt + candidate and sums the candidate's; generation passes the stop
 strings to vLLM's sampler.
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gyre_ma.llm.engine import check_model_dir, check_requests
+from gyre_ma.llm.engine import check_model_dir, check_requests, per_prompt, scoring_tokens, start_token
 
 
 class VLLMEngine:
@@ -35,8 +36,7 @@ class VLLMEngine:
         path = check_model_dir(model)
         self.vllm = vllm
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        tok = self.tokenizer
-        self.start = int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+        self.start = start_token(self.tokenizer, path)
         self.llm = vllm.LLM(model=str(path), tokenizer=str(path), dtype=dtype,
                             gpu_memory_utilization=gpu_memory_utilization, **llm_options)
 
@@ -45,25 +45,15 @@ class VLLMEngine:
 
     def score(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
         check_requests(prompts, candidates)
-        requests, starts = [], []
-        for prompt, cands in zip(prompts, candidates):
-            head = [self.start] + self._encode(prompt)
-            for cand in cands:
-                whole = [self.start] + self._encode(prompt + cand)
-                tail = whole[len(head):] if whole[:len(head)] == head and len(whole) > len(head) else self._encode(cand)
-                requests.append({"prompt_token_ids": head + tail})
-                starts.append(len(head))
+        heads, tails = scoring_tokens(self.tokenizer, self.start, prompts, candidates)
+        requests = [{"prompt_token_ids": head + tail} for head, ts in zip(heads, tails) for tail in ts]
+        starts = [len(head) for head, ts in zip(heads, tails) for _ in ts]
         params = self.vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         results = self.llm.generate(requests, params, use_tqdm=False)
-        totals = np.empty(len(requests))
-        for k, (req, result) in enumerate(zip(requests, results)):
-            ids = req["prompt_token_ids"]
-            totals[k] = sum(result.prompt_logprobs[j][ids[j]].logprob for j in range(starts[k], len(ids)))
-        out, at = [], 0
-        for cands in candidates:
-            out.append(totals[at:at + len(cands)].copy())
-            at += len(cands)
-        return out
+        totals = np.array([sum(result.prompt_logprobs[j][req["prompt_token_ids"][j]].logprob
+                               for j in range(start, len(req["prompt_token_ids"])))
+                           for req, start, result in zip(requests, starts, results, strict=True)])
+        return per_prompt(totals, [len(ts) for ts in tails])
 
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int, stop: Sequence[str] = (),
                  temperature: float = 0.0, seed: int = 0) -> list[str]:

@@ -88,11 +88,9 @@ def _interval(values: Sequence[float], reps: int, seed: int) -> dict[str, Any]:
     return {"n": int(x.size), "mean": m.as_dict(), "iqm": q.as_dict()}
 
 
-def summarize(folder: Path, *, reps: int | None = None) -> dict[str, Any]:
-    """The report's numbers (also written as ``report.json``)."""
-    spec = load_spec(folder)
-    reps = reps or spec.report.reps
-    runs = collect(folder, spec)
+def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict[str, Any]:
+    """The report's numbers (also written as ``report.json``) for the ``runs`` of ``spec``
+    (:func:`collect`)."""
     done = [r for r in runs if r.state == "done"]
     by_variant = {v: [r for r in done if r.variant == v] for v in spec.variants}
     out: dict[str, Any] = {"name": spec.name, "runs": len(runs), "done": len(done), "reps": reps,
@@ -152,12 +150,13 @@ def write_report(folder: str | Path, *, reps: int | None = None) -> Path:
     """``report/report.md`` (+ ``report.json``, ``runs.csv``, PNGs) in the experiment folder."""
     folder = Path(folder)
     spec = load_spec(folder)
-    summary = summarize(folder, reps=reps)
+    runs = collect(folder, spec)  # every run's files, read once
+    summary = summarize(spec, runs, reps=reps or spec.report.reps)
     out = folder / "report"
     out.mkdir(exist_ok=True)
     write_json(out / "report.json", summary)
     write_text(out / "runs.csv", _csv(summary["table"]))
-    figures = _plots(folder, spec, out)
+    figures = _plots(spec, runs, out)
     write_text(out / "report.md", _markdown(spec, summary, figures))
     return out / "report.md"
 
@@ -239,13 +238,13 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
     return "\n".join(lines)
 
 
-def _plots(folder: Path, spec: ExperimentSpec, out: Path) -> list[str]:
+def _plots(spec: ExperimentSpec, runs: list[RunResult], out: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [r for r in collect(folder, spec) if r.state == "done" and STEPS in r.metrics and len(r.metrics[STEPS])]
+    runs = [r for r in runs if r.state == "done" and STEPS in r.metrics and len(r.metrics[STEPS])]
     if not runs:
         return []
     end = max(float(np.nanmax(r.metrics[STEPS])) for r in runs)

@@ -80,7 +80,7 @@ def stratified_bootstrap(scores: np.ndarray, statistic: Statistic, *, reps: int 
     rng = np.random.default_rng(seed)
     runs, tasks = x.shape
     picks = rng.integers(0, runs, size=(reps, runs, tasks))
-    resampled = np.take_along_axis(x[None].repeat(reps, axis=0), picks, axis=1)
+    resampled = x[picks, np.arange(tasks)]  # [reps, runs, tasks]: each task's runs drawn from its own
     values = np.array([statistic(r) for r in resampled])
     low, high = _percentiles(values, confidence)
     return Interval(statistic(x), low, high)

@@ -44,6 +44,9 @@ from gyre_ma.backends.engine import EpisodeFault
 from gyre_ma.backends.worker import RolloutWorker, Weights
 from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask
 
+_IN_ORDER_WAIT_S = 5.0
+"""How long a ready call waits for its actor's earlier calls to report (see ``_in_actor_order``)."""
+
 WORKER_ID_ENV = "GYRE_MA_WORKER_ID"
 """Set in each actor's process to its worker index (fault injection and logs read it)."""
 
@@ -310,10 +313,8 @@ class RayBackend:
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            # each actor's calls in the order it plays them: when it dies, every call queued on
-            # it fails at once, and the failure belongs to the one it was playing (the head)
-            position = {r: i for slot in self._slots for i, r in enumerate(slot.queued)}
-            for ref in sorted(ready, key=lambda r: position.get(r, -1)):
+            ready = self._in_actor_order(ready)
+            for ref in ready:
                 if ref in starting:
                     self._started(starting[ref], ref)
                 else:
@@ -322,6 +323,29 @@ class RayBackend:
             if end is not None and (out or time.monotonic() >= end):
                 break
         self._dispatch()
+        return out
+
+    def _in_actor_order(self, ready: list[Any]) -> list[Any]:
+        """The ready refs, each actor's calls in the order it plays them, and only those
+        whose predecessors on the actor are ready too. When an actor dies, every call
+        queued on it fails, and the failure belongs to the one it was playing (the head);
+        the failures reach the driver one by one, so a call queued behind the head can be
+        ready first. A healthy actor ends its calls in order, so a ready call's
+        predecessors are ready or about to be: they are waited for (briefly), and a call
+        whose head is still not ready stays in flight for the next round."""
+        ready_set = set(ready)
+        out = [ref for ref in ready if ref not in self._inflight]  # actor start pings
+        for slot in self._slots:
+            queued = list(slot.queued)
+            last = max((i for i, r in enumerate(queued) if r in ready_set), default=-1)
+            missing = [r for r in queued[:last] if r not in ready_set]
+            if missing:
+                done, _ = ray.wait(missing, num_returns=len(missing), timeout=_IN_ORDER_WAIT_S)
+                ready_set.update(done)
+            for ref in queued:
+                if ref not in ready_set:
+                    break
+                out.append(ref)
         return out
 
     def _finish(self, ref: Any, out: list[tuple[int, RoleTrajectory]]) -> None:

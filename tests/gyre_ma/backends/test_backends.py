@@ -205,6 +205,32 @@ def test_failed_workers_restart_once_per_fault_and_no_partial_episode_escapes(ra
     assert all(new != old for new, old in zip((a["pid"] for a in ray_backend.actor_info()), pids, strict=True))
 
 
+def test_a_call_ready_before_the_one_its_actor_was_playing_waits_for_it(ray_backend, monkeypatch):
+    """An actor's death fails every call queued on it, and the failures reach the driver
+    one by one: the one queued behind can come first. It is processed after the head
+    (the head's failure is the fault), or, if the head does not report, not at all yet."""
+    import types
+
+    import ray
+
+    import gyre_ma.backends.ray as ray_module
+
+    @ray.remote(num_cpus=0)  # the rollout actors hold the CPUs
+    def later(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    head, behind, ping = later.remote(0.5), ray.put(0), ray.put(1)
+    slot = types.SimpleNamespace(queued=[head, behind])
+    fake = types.SimpleNamespace(_slots=[slot], _inflight={head: None, behind: None})
+    assert ray_module.RayBackend._in_actor_order(fake, [behind, ping]) == [ping, head, behind]
+    monkeypatch.setattr(ray_module, "_IN_ORDER_WAIT_S", 0.1)
+    stuck = later.remote(30.0)
+    slot.queued, fake._inflight = [stuck, behind], {stuck: None, behind: None}
+    assert ray_module.RayBackend._in_actor_order(fake, [behind]) == []  # stays in flight
+    ray.cancel(stuck, force=True)
+
+
 def test_a_hanging_worker_is_replaced_within_the_sample_timeout(ray_backend, local, fault_dir):
     backend, weights = local
     tasks = noisy_tasks([30, 31])

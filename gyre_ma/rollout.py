@@ -229,7 +229,8 @@ def play_episode(
     engine (:mod:`gyre_ma.backends.engine`) drives many at once.
 
     At each step every live agent between options gets one decision, in ``env.agents``
-    order, seeing the options the others run (those just chosen included); then every
+    order, seeing the options the others run (those just chosen included; an
+    ``exclusive`` option one of them runs is not eligible); then every
     agent's option emits one primitive action. A sub-policy that returns
     :data:`~gyre_ma.options.option.CANNOT_PROCEED` ends its call there, without a step,
     and its agent decides again (that option set aside until the next step). An agent
@@ -268,6 +269,7 @@ def play_episode(
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
     hooks = list(on_option_end)
+    exclusive = [opt.exclusive for opt in library]
     attribute = getattr(env, "milestone_agent", None)
     attribute = attribute if callable(attribute) else None
     if on_start is not None:
@@ -285,9 +287,12 @@ def play_episode(
                                                     rng=rng))
         if set_aside:
             mask[list(set_aside)] = False
+        others = tuple(r.call.option for b in env.agents if b != agent and (r := running.get(b)) is not None)
+        for option in others:
+            if exclusive[option]:
+                mask[option] = False
         if not mask.any():
             return None
-        others = tuple(r.call.option for b in env.agents if b != agent and (r := running.get(b)) is not None)
         return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others)
 
     def start(d: Decision, choice: Choice, step: int) -> _Running:

@@ -17,7 +17,7 @@ from gyre_ma.options.yaml_file import read_yaml
 
 _OPTION_KEYS = {
     "name", "milestone", "policy", "initiation", "done", "failure", "max_steps", "repeatable",
-    "description", "kind", "llm",
+    "exclusive", "description", "kind", "llm",
 }
 _CALLABLE_KEYS = ("policy", "initiation", "done", "failure")
 OPTION_KINDS = {"llm": "gyre_ma.llm.option:policy_from_spec"}
@@ -227,6 +227,8 @@ class OptionLibrary:
                 entry["max_steps"] = opt.max_steps
             if opt.repeatable:
                 entry["repeatable"] = True
+            if opt.exclusive:
+                entry["exclusive"] = True
             if opt.description:
                 entry["description"] = opt.description
             options.append(entry)

@@ -137,6 +137,10 @@ class Option:
 
     ``policy`` is a callable ``OptionContext -> action`` or a :class:`Behaviour` subclass
     (an option with state).
+
+    An ``exclusive`` option is run by one agent at a time: while another agent runs it
+    (or chose it earlier in the same step), it is not eligible (a target, a station, a
+    door only one agent should head for).
     """
 
     name: str
@@ -150,6 +154,8 @@ class Option:
     max_steps: int = 200
     repeatable: bool = False
     description: str = ""
+    exclusive: bool = False
+    """Not eligible while another agent runs it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -162,6 +168,9 @@ class Option:
             _check_callable(self.name, "policy", self.policy)
         for what in ("initiation", "done", "failure"):
             _check_callable(self.name, what, getattr(self, what))
+        for flag in ("repeatable", "exclusive"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"option {self.name!r}: {flag} must be true or false, got {getattr(self, flag)!r}")
         has_done = self.done is not None or (is_behaviour(self.policy) and _defines_done(self.policy))
         if self.repeatable and not has_done and self.milestone is None:
             raise ValueError(

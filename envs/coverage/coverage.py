@@ -226,7 +226,10 @@ class CoverageEnv(ParallelEnv):
     Observation (per agent, a flat ``float32`` Box; slices in :attr:`obs_layout`): its own
     position / (size - 1), the offsets to every landmark, the covered flags, the offsets
     to every other agent (in agent order), whether it is frozen, whether each other agent
-    is. Offsets are divided by ``size - 1``, so everything lies in [-1, 1]. ``state()`` is
+    is, and the grid (Manhattan) distance of every agent, itself first and then the others
+    in agent order, to every landmark. Offsets are divided by ``size - 1`` and distances by
+    twice that, so everything lies in [-1, 1]: the distances are what an assignment is
+    decided on, which a policy would otherwise have to learn to compute from the offsets. ``state()`` is
     the global counterpart (absolute positions, flags, and the time fraction).
 
     Scripted options and planners read the public state: ``agent_pos``, ``landmark_pos``,
@@ -259,13 +262,13 @@ class CoverageEnv(ParallelEnv):
         self._claim_reward = 1.0 / n if cfg.milestone_rewards else 0.0
         layout, start = {}, 0
         for name, length in (("position", 2), ("landmarks", 2 * n), ("covered", n), ("others", 2 * (n - 1)),
-                             ("frozen", 1), ("others_frozen", n - 1)):
+                             ("frozen", 1), ("others_frozen", n - 1), ("distances", n * n)):
             layout[name] = slice(start, start + length)
             start += length
         self.obs_layout: dict[str, slice] = layout
         """Where each part of the flat observation lies."""
         low = np.full(start, -1.0, dtype=np.float32)
-        for name in ("position", "covered", "frozen", "others_frozen"):
+        for name in ("position", "covered", "frozen", "others_frozen", "distances"):
             low[layout[name]] = 0.0
         self._obs_space = spaces.Box(low, np.ones(start, dtype=np.float32), dtype=np.float32)
         self.observation_spaces = {a: self._obs_space for a in self.possible_agents}
@@ -405,6 +408,7 @@ class CoverageEnv(ParallelEnv):
             ((pos[others] - own) * s).ravel(),
             frozen[i:i + 1],
             frozen[others],
+            (np.abs(pos[[i, *others], None, :] - self.landmark_pos[None, :, :]).sum(-1) * (s / 2)).ravel(),
         ]).astype(np.float32)
 
     def state(self) -> np.ndarray:

@@ -96,7 +96,8 @@ def stay_done(ctx: OptionContext) -> bool:
 def make_library(n_agents: int | None = None, *, size: int | None = None, env: Any = None,
                  name: str = "coverage") -> OptionLibrary:
     """``go_to_0 .. go_to_{n-1}`` (one-shot, milestone ``covered_k``, step cap the grid
-    diameter plus a detour) and an always-eligible one-step ``stay``. ``n_agents`` and
+    diameter plus a detour; exclusive: one agent heads for a landmark at a time) and an
+    always-eligible one-step ``stay``. ``n_agents`` and
     ``size`` default to ``env``'s when it is given, else to 3 and 9."""
     if env is not None:
         cfg = env.unwrapped.config
@@ -113,6 +114,7 @@ def make_library(n_agents: int | None = None, *, size: int | None = None, env: A
     lib = OptionLibrary(name, task_graph(n_agents, size))
     for k in range(n_agents):
         lib.add(Option(f"go_to_{k}", _GO_TO[k], milestone(k), initiation=can_move, failure=frozen,
-                       max_steps=2 * (size - 1) + 2, description=f"walk to landmark {k} and claim it"))
+                       max_steps=2 * (size - 1) + 2, exclusive=True,
+                       description=f"walk to landmark {k} and claim it"))
     lib.add(Option("stay", stay, None, done=stay_done, max_steps=1, description="stay put for a step"))
     return lib.validate()

@@ -7,6 +7,7 @@ import pytest
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.envs.minigrid_doorkey import make_env
 from gyre_ma.metrics import episode_metrics
+from gyre_ma.options.decision import Choice
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option
 from gyre_ma.rollout import run_episode, trajectory_from_state, trajectory_to_state
@@ -154,6 +155,38 @@ def test_decisions_are_made_one_agent_after_another_each_seeing_what_the_others_
     run_episode(env, make_library(), Recording(0), seed=0)
     (a0, o0, c0), (a1, o1, c1), (a2, o2, _) = seen[:3]
     assert (a0, a1, a2) == tuple(env.possible_agents) and o0 == () and o1 == (c0,) and o2 == (c0, c1)
+
+
+def test_an_exclusive_option_another_agent_runs_is_not_eligible():
+    """A landmark one agent heads for is closed to the others (those deciding later in the
+    same step included), and opens again when that call ends; a plain option stays open."""
+    from gyre_ma.envs.coverage.options import make_library
+    from gyre_ma.envs.coverage_v0 import parallel_env
+
+    env = parallel_env()
+    library = make_library(env=env)
+    go_to = [library.index(f"go_to_{k}") for k in range(3)]
+    stay = library.index("stay")
+    seen = []
+
+    class FirstGoTo(RandomManager):
+        def decide(self, decisions):
+            d = decisions[0]
+            seen.append((d.agent, d.others, tuple(bool(d.mask[o]) for o in go_to), bool(d.mask[stay])))
+            open_ = [o for o in go_to if d.mask[o]]
+            return [Choice(open_[0] if open_ else stay)]
+
+    run_episode(env, library, FirstGoTo(0), seed=3)
+    assert seen[:3] == [
+        ("agent_0", (), (True, True, True), True),
+        ("agent_1", (go_to[0],), (False, True, True), True),
+        ("agent_2", (go_to[0], go_to[1]), (False, False, True), True),
+    ]
+    assert not library[stay].exclusive and all(library[o].exclusive for o in go_to)
+    again = OptionLibrary.from_spec(library.to_spec())
+    assert [o.exclusive for o in again] == [o.exclusive for o in library]
+    with pytest.raises(ValueError, match="exclusive must be true or false"):
+        Option("bad", lambda ctx: 0, milestone=None, done=lambda ctx: True, exclusive="yes")
 
 
 def test_manager_hooks_run_at_episode_start_and_at_each_option_end():

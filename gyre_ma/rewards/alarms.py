@@ -111,13 +111,15 @@ def reward_without_completion(history: History, *, window: int = 10, reward_key:
                  f"{completion_key} went {c0:.3g} -> {c1:.3g}{also}", values)
 
 
-def calls_without_completion(history: History, *, window: int = 10, calls_key: str = "option_calls",
+def calls_without_completion(history: History, *, window: int = 10, calls_key: str = "option_choices",
                              completion_key: str = "success_rate", calls_rise: float = 0.25,
                              completion_rise: float = 0.05, floor: float = 1.0,
                              progress_key: str | None = "milestones_verified") -> Alarm | None:
-    """Calls per episode (``calls_key``: option or tool calls) up by ``calls_rise`` (relative)
-    while completion rose ≤ ``completion_rise``, and calls per verified milestone up by
-    ``calls_rise`` too.
+    """Calls per episode (``calls_key``: option choices or tool calls) up by ``calls_rise``
+    (relative) while completion rose ≤ ``completion_rise``, and calls per verified milestone
+    up by ``calls_rise`` too. Option *choices* (calls made among two or more eligible
+    options), not all option calls: a forced call is no decision of the manager's, and forced
+    calls (a finished agent's only option, every step) multiply as failures run to the cap.
 
     Calls per verified milestone is ``calls_key`` ÷ max(``progress_key``, 1) per iteration,
     ``progress_key`` holding the milestones an episode verifies on average; the condition is
@@ -182,8 +184,9 @@ class AlarmConfig(BaseModel):
     """Metric holding verified completion."""
     reward_key: str = "reward/total"
     """Metric holding total (arbitrated) reward per episode."""
-    calls_keys: tuple[str, ...] = ("option_calls", "tool_calls")
-    """Metrics holding calls per episode (absent ones are skipped)."""
+    calls_keys: tuple[str, ...] = ("option_choices", "tool_calls")
+    """Metrics holding calls per episode (absent ones are skipped); ``option_choices``
+    counts the option calls made among two or more eligible options."""
     rule_key: str = "rule_pay_rate"
     """Metric holding the rate at which rules certify episodes."""
     failed_key: str | None = "reward/total_failed"

@@ -21,7 +21,7 @@ def history(reward, success, calls=None, rules=None):
     for i, (r, s) in enumerate(zip(reward, success)):
         m = {"iteration": i, "reward/total": r, "success_rate": s}
         if calls is not None:
-            m["option_calls"] = calls[i]
+            m["option_choices"] = calls[i]
         if rules is not None:
             m["rule_pay_rate"] = rules[i]
         out.append(m)
@@ -57,7 +57,7 @@ def test_calls_up_without_completion_fires_per_key():
     h = history([1.0] * 10, [0.2] * 10, calls=ramp(10, 150))
     for m, t in zip(h, ramp(12, 160)):
         m["tool_calls"] = t
-    assert calls_without_completion(h).name == "option_calls_without_completion"
+    assert calls_without_completion(h).name == "option_choices_without_completion"
     assert calls_without_completion(h, calls_key="tool_calls").name == "tool_calls_without_completion"
     assert calls_without_completion(history([1.0] * 10, ramp(0.1, 0.9), calls=ramp(10, 150))) is None
     assert calls_without_completion(history([1.0] * 10, [0.2] * 10)) is None  # key absent
@@ -109,7 +109,7 @@ def test_monitor_gates_come_from_its_config():
         m["milestones_verified"] = c / 8
     assert HackingMonitor().check(h) == []
     names = [a.name for a in HackingMonitor(AlarmConfig(progress_key=None)).check(h)]
-    assert names == ["option_calls_without_completion"]
+    assert names == ["option_choices_without_completion"]
 
 
 def test_rule_pass_far_above_success_fires():
@@ -130,10 +130,36 @@ def test_monitor_fires_once_per_episode_of_hacking_and_logs(caplog):
     first = next(i for i, names in fired_at if names)
     assert "reward_without_completion" in fired_at[first][1]
     names = {a.name for a in mon.fired}
-    assert {"reward_without_completion", "option_calls_without_completion", "rules_without_success"} <= names
+    assert {"reward_without_completion", "option_choices_without_completion", "rules_without_success"} <= names
     assert len(mon.fired) == len(names)  # an alarm that keeps holding is logged once
     assert mon.metrics()["alarm/reward_without_completion"] == 1.0
     assert "reward-hacking alarm reward_without_completion" in caplog.text
     other = HackingMonitor(mon.config)
     other.load_state_dict(mon.state_dict())
     assert other.fired == mon.fired and other.active == mon.active and other.history == mon.history
+
+
+def test_forced_calls_that_grow_with_failures_raise_no_calls_alarm():
+    """coverage_v0: a failed episode runs to the cap, each frozen agent making a forced
+    ``stay`` call per step, so all calls per episode (and per verified milestone) rose
+    whenever success dipped, and the calls alarm fired dozens of times a run. It watches
+    the calls made among two or more options."""
+    from gyre_ma.envs.coverage.options import make_library
+    from gyre_ma.envs.coverage.oracle import FixedAssignment
+    from gyre_ma.envs.coverage_v0 import parallel_env
+    from gyre_ma.metrics import episode_metrics
+    from gyre_ma.rollout import run_episode
+
+    env = parallel_env()
+    library = make_library(env=env)
+    played = [run_episode(env, library, FixedAssignment(library), seed=s) for s in range(20)]
+    m = episode_metrics(played, ())
+    assert m["option_choices"] == sum(int(c.mask.sum()) > 1 for t in played for c in t.calls) / len(played)
+    assert 0 < m["option_choices"] < m["option_calls"]
+
+    h = history([1.0] * 10, ramp(0.8, 0.5), calls=[4.0] * 10)
+    for row, calls, verified in zip(h, ramp(8.0, 14.0), ramp(2.8, 2.3), strict=True):
+        row["option_calls"], row["milestones_verified"] = calls, verified
+    assert HackingMonitor().check(h) == []
+    assert [a.name for a in HackingMonitor(AlarmConfig(calls_keys=("option_calls",))).check(h)] == [
+        "option_calls_without_completion"]

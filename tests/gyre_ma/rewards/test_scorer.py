@@ -113,7 +113,7 @@ def test_same_seed_same_scores_and_state_round_trips(setup, tmp_path):
     assert sa.breakdowns == sb.breakdowns
     assert {k: v for k, v in sa.metrics.items() if not math.isnan(v)} == {
         k: v for k, v in sb.metrics.items() if not math.isnan(v)}
-    a.alarms(sa.metrics | {"success_rate": 0.5, "option_calls": 20.0}, 0)
+    a.alarms(sa.metrics | {"success_rate": 0.5, "option_choices": 20.0}, 0)
     torch.save(a.state_dict(), tmp_path / "rewards.pt")
     c = make_scorer(setup, seed=3)
     c.load_state_dict(torch.load(tmp_path / "rewards.pt", weights_only=True))

@@ -25,7 +25,9 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         "option_calls": float(np.mean([len(t.calls) for t in trajectories])) if trajectories else 0.0,
         # the calls the manager chose among two or more eligible options: forced calls (a
         # frozen agent's only option, every step) grow with a failure's length, not with a hack
-        "option_choices": float(np.mean([sum(int(c.mask.sum()) > 1 for c in t.calls) for t in trajectories]))
+        # (a call recorded without its mask counts as a choice)
+        "option_choices": float(np.mean([sum(c.mask is None or int(np.sum(c.mask)) > 1 for c in t.calls)
+                                         for t in trajectories]))
         if trajectories else 0.0,
         # verified progress short of completion: the calls alarms weigh calls against it
         "milestones_verified": float(np.mean([len(set(t.milestone_steps) & set(milestones)) for t in trajectories]))

@@ -5,10 +5,11 @@ Every env goes through the public adapters with an option library written for it
 user would, and trains with the DEFAULT config — only the env, its library and the run
 seed are set; nothing is tuned per env. The budget is the config's iterations, or for an
 env with short episodes its own ``iterations`` in :data:`ENVS` (a budget, set as iterations
-so that the learning-rate and noise schedules, which run over ``train.iterations``, span it). After training, the final policy plays
-``--eval-episodes`` task seeds no training or validation episode used (seeds from
-``--eval-seed``, below 2^30: see ``gyre_ma.roles``), sampled and greedy; the env's scripted
-oracle and a uniformly random eligible order play the same seeds.
+so that the learning-rate and noise schedules, which run over ``train.iterations``, span
+it). After training, the final policy plays ``--eval-episodes`` task seeds no training or
+validation episode used (seeds from ``--eval-seed``, below 2^30: see ``gyre_ma.roles``),
+sampled and greedy; the env's scripted oracle and a uniformly random eligible order play
+the same seeds.
 
     python benchmarks/generalisation.py --seeds 3 --jobs 2 --png benchmarks/results/generalisation.png \
         > benchmarks/results/generalisation.json

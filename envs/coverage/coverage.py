@@ -229,8 +229,8 @@ class CoverageEnv(ParallelEnv):
     is, and the grid (Manhattan) distance of every agent, itself first and then the others
     in agent order, to every landmark. Offsets are divided by ``size - 1`` and distances by
     twice that, so everything lies in [-1, 1]: the distances are what an assignment is
-    decided on, which a policy would otherwise have to learn to compute from the offsets. ``state()`` is
-    the global counterpart (absolute positions, flags, and the time fraction).
+    decided on, which a policy would otherwise have to learn to compute from the offsets.
+    ``state()`` is the global counterpart (absolute positions, flags, and the time fraction).
 
     Scripted options and planners read the public state: ``agent_pos``, ``landmark_pos``,
     ``covered_by`` (claiming agent or -1 per landmark), ``claim`` (claimed landmark or -1

@@ -97,8 +97,8 @@ def make_library(n_agents: int | None = None, *, size: int | None = None, env: A
                  name: str = "coverage") -> OptionLibrary:
     """``go_to_0 .. go_to_{n-1}`` (one-shot, milestone ``covered_k``, step cap the grid
     diameter plus a detour; exclusive: one agent heads for a landmark at a time) and an
-    always-eligible one-step ``stay``. ``n_agents`` and
-    ``size`` default to ``env``'s when it is given, else to 3 and 9."""
+    always-eligible one-step ``stay``. ``n_agents`` and ``size`` default to ``env``'s when
+    it is given, else to 3 and 9."""
     if env is not None:
         cfg = env.unwrapped.config
         for key, value in (("n_agents", n_agents), ("size", size)):

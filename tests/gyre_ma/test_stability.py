@@ -228,14 +228,27 @@ def test_a_drop_is_significant_only_beyond_chance_for_its_sample_sizes():
     assert not significant_drop(best=1.0, best_episodes=48, score=1.0, episodes=48, confidence=0.95)
 
 
-def _noisy_run(tmp_path, overrides, iterations=50, episodes=8, p=0.6, seed=0):
-    """Stability judging sampled success of a policy that never changes: binomial noise only."""
+def test_the_best_is_judged_as_the_highest_of_every_validation_so_far():
+    """30 of 32 as the best of one window is significantly above 16 of 32; as the best of
+    300 windows it is not (an unchanged policy's luckiest window reads that high)."""
+    drop = dict(best=30 / 32, best_episodes=32, score=0.5, episodes=32, confidence=0.99)
+    assert significant_drop(**drop) and significant_drop(**drop, candidates=1)
+    assert not significant_drop(**drop, candidates=300)
+    assert significant_drop(**(drop | {"score": 0.25}), candidates=300)  # a collapse still is
+    with pytest.raises(ValueError, match="candidates"):
+        significant_drop(**drop, candidates=0)
+
+
+def _noisy_run(tmp_path, overrides, iterations=50, episodes=8, p=0.6, seed=0, collapse=None):
+    """Stability judging sampled success of a policy that never changes: binomial noise only
+    (or, with ``collapse=(iteration, rate)``, one that falls to ``rate`` at ``iteration``)."""
     config = load_config(DOORKEY, overrides).checkpoints
     stability = Stability.from_config(config, tmp_path)
     rng = np.random.default_rng(seed)
     state = {"policy": {"w": torch.zeros(2)}}
     for i in range(iterations):
-        rate = rng.binomial(episodes, p) / episodes
+        q = collapse[1] if collapse is not None and i >= collapse[0] else p
+        rate = rng.binomial(episodes, q) / episodes
         score, n = stability.score(rate, episodes=episodes)
         stability.checkpoints.save("latest", state, step=i)
         stability.validate(score, n, None, step=i)
@@ -254,6 +267,19 @@ def test_noisy_validation_of_an_unchanged_policy_rarely_rolls_back(tmp_path):
     for p in (0.3, 0.6, 0.9):
         runs = [_noisy_run(tmp_path / f"default-{p}-{seed}", {}, p=p, seed=seed) for seed in range(10)]
         assert sum(len(r.checkpoints.rollbacks) for r in runs) == 0, p
+
+
+def test_a_long_noisy_run_does_not_roll_back_against_its_luckiest_window(tmp_path):
+    """Coverage, 1,200 iterations: against the best of hundreds of windows taken at face
+    value, an unchanged policy at 50 % rolled back 3 times (seed 0), each halving the LR;
+    judged as the highest of every validation so far it never does, and a collapse to 20 %
+    late in the run still rolls back within a few iterations."""
+    runs = [_noisy_run(tmp_path / f"long-{seed}", {}, iterations=1200, p=0.5, seed=seed) for seed in (0, 9)]
+    assert [len(r.checkpoints.rollbacks) for r in runs] == [0, 0]
+    assert runs[0].judged == 1200 - 3  # the first three windows hold fewer than 32 episodes
+    collapsed = _noisy_run(tmp_path / "collapse", {}, iterations=700, p=0.8, collapse=(600, 0.2))
+    assert len(collapsed.checkpoints.rollbacks) >= 1
+    assert 600 <= collapsed.checkpoints.rollbacks[0].step <= 620
 
 
 def test_rollbacks_stop_after_max_rollbacks_and_no_best_comes_from_a_small_sample(tmp_path):

@@ -75,6 +75,8 @@ def broken_configs() -> list[tuple[str, Any, str]]:
                     cases.append((f"{section} = {label}", {section: value}, section))
     cases.append(("unknown top-level key", {"bogus_section": {}}, "bogus_section"))
     cases.append(("a list document", b"- 1\n- 2\n", "mapping"))
+    cases.append(("an empty file", b"", "empty"))
+    cases.append(("a file of comments only", b"# nothing here\n", "empty"))
     cases.append(("non-UTF-8 bytes", b"seed: \xd8\xff\n", "UTF-8"))
     cases.append(("invalid YAML", b"train: [unclosed\n", "YAML"))
     cases.append(("alias bomb in backend.ray_init", _bomb().encode(), "aliases"))

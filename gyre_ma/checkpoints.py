@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from gyre_ma.files import atomic_write, fsync_dir
+from gyre_ma.files import atomic_write, fsync_dir, write_json
 
 Slot = Literal["latest", "pre_update", "best"]
 SLOTS: tuple[Slot, ...] = ("latest", "pre_update", "best")
@@ -321,7 +321,7 @@ class CheckpointManager:
         return data
 
     def _write_manifest(self) -> None:
-        atomic_write(self.manifest_path, json.dumps(self._manifest, indent=2).encode())
+        write_json(self.manifest_path, self._manifest)  # strict: a rollback on a NaN score records null
 
     def _clean(self) -> None:
         """Remove temp files and slot files the manifest does not name (crash leftovers)."""

@@ -468,7 +468,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre-ma", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    debug = argparse.ArgumentParser(add_help=False)  # also after the command: gyre-ma train CONFIG --debug
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+    sub = _Subcommands(parser.add_subparsers(dest="command", required=True), parents=[debug])
     p = sub.add_parser("check", help="validate a config, experiment file or option library without running it")
     p.add_argument("source", help="config YAML, experiment YAML, library YAML, or module:callable")
     p = sub.add_parser("graph", help="draw a library's task graph")
@@ -512,6 +514,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Subcommands:
+    """``add_subparsers`` whose every command inherits ``parents`` (the ``--debug`` flag)."""
+
+    def __init__(self, action: Any, parents: list[argparse.ArgumentParser]) -> None:
+        self.action, self.parents = action, parents
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return self.action.add_parser(name, parents=self.parents, **kwargs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -521,13 +533,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, TypeError, OSError) as exc:
+    except Exception as exc:
         if args.debug:
             raise
         if not _user_error(exc):
             traceback.print_exc()
-            err_console.print(f"gyre-ma {args.command}: this is a bug in gyre-ma, not in your input: please report it "
-                              "with the traceback above", markup=False, soft_wrap=True)
+            if not _raised_on_purpose(exc):  # (on purpose: a failure gyre-ma detected, e.g. Ray workers that never started)
+                err_console.print(f"gyre-ma {args.command}: this is a bug in gyre-ma, not in your input: please report "
+                                  "it with the traceback above", markup=False, soft_wrap=True)
             return 1
         text = " ".join(str(exc).split())
         text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + "… (cut; --debug shows all)"
@@ -549,14 +562,23 @@ def _user_error(exc: BaseException) -> bool:
     in gyre-ma (traceback, exit 1): an error from the user's code (:class:`UserCodeError`),
     a storage error (``OSError``: a full disk, a read-only or missing path), or a
     ValueError / TypeError that gyre-ma raised on purpose — by a ``raise`` statement in its
-    own source, the way every check of a config, library or env reports."""
+    own source, the way every check of a config, library or env reports. Anything else
+    (a KeyError, a RuntimeError, ...) is a bug."""
     from gyre_ma.options.errors import UserCodeError
 
     if isinstance(exc, (UserCodeError, OSError)):
         return True
+    if not isinstance(exc, (ValueError, TypeError)):
+        return False
+    return exc.__traceback__ is None or _raised_on_purpose(exc)
+
+
+def _raised_on_purpose(exc: BaseException) -> bool:
+    """Whether a ``raise`` statement in gyre-ma's own source raised ``exc`` (rather than an
+    operation failing inside it, or code outside it)."""
     tb = exc.__traceback__
     if tb is None:
-        return True
+        return False
     while tb.tb_next is not None:
         tb = tb.tb_next
     code = tb.tb_frame.f_code  # the instruction that raised, not the source text (which may have changed)

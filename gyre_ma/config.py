@@ -532,6 +532,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
     """
     p = Path(path)
     data = read_yaml(p, "config file", ConfigError)
+    if data is None:  # an empty file is a mistake (a truncated copy, the wrong path), not "all defaults"
+        raise ConfigError(f"config file {p.name!r} is empty: expected a mapping of sections, at least "
+                          "'env: {id: ...}' (see configs/quickstart.yaml)")
     if not overrides:
         return parse_config(data, source=p.name)
     try:

@@ -7,13 +7,13 @@ final|best] [-- TRAIN ARGS]`` trains the run with ``gyre-ma train`` (the argumen
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from gyre_ma import cli
 from gyre_ma.experiment import evaluate_run
+from gyre_ma.files import strict_json
 
 
 def main(argv: Sequence[str]) -> int:
@@ -34,7 +34,7 @@ def main(argv: Sequence[str]) -> int:
     except (ValueError, OSError) as exc:
         print(f"gyre-ma experiment: evaluating {args.run_dir}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    print(json.dumps({k: v for k, v in result.items() if k in ("sampled", "greedy")}))
+    print(strict_json({k: v for k, v in result.items() if k in ("sampled", "greedy")}, indent=None))
     return 0
 
 

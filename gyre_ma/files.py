@@ -43,9 +43,9 @@ def named(exc: OSError, path: Path) -> OSError:
     return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """``obj`` as strict JSON, written atomically: NaN and ±inf (which ``json`` would emit
-    as the non-JSON tokens ``NaN`` / ``Infinity``) become ``null``."""
+def strict_json(obj: Any, *, indent: int | None = 2) -> str:
+    """``obj`` as strict JSON: NaN and ±inf (which ``json`` would emit as the non-JSON
+    tokens ``NaN`` / ``Infinity``) become ``null``."""
 
     def clean(x: Any) -> Any:
         if isinstance(x, float) and not math.isfinite(x):
@@ -56,7 +56,12 @@ def write_json(path: Path, obj: Any) -> None:
             return [clean(v) for v in x]
         return x
 
-    atomic_write(Path(path), json.dumps(clean(obj), indent=2, allow_nan=False).encode())
+    return json.dumps(clean(obj), indent=indent, allow_nan=False)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """``obj`` as strict JSON (:func:`strict_json`), written atomically."""
+    atomic_write(Path(path), strict_json(obj).encode())
 
 
 def write_text(path: Path, text: str) -> None:

@@ -42,6 +42,7 @@ import torch
 from gyre_ma.backends.base import TaskLike, coerce_tasks
 from gyre_ma.backends.engine import EpisodeFault
 from gyre_ma.backends.worker import RolloutWorker, Weights
+from gyre_ma.options.errors import UserCodeError
 from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask
 
 _IN_ORDER_WAIT_S = 5.0
@@ -62,17 +63,20 @@ class RolloutActor:
         self.worker = RolloutWorker(config, worker_id=worker_id, roles=roles)
 
     def run(self, box: list[Any], version: int,
-            tasks: list[RolloutTask]) -> tuple[list[tuple[int, RoleTrajectory]], list[tuple[int, str]]]:
+            tasks: list[RolloutTask]) -> tuple[list[tuple[int, RoleTrajectory]], list[tuple[int, str, bool]]]:
         """Play ``tasks`` on the batched engine: the trajectories that finished and the
         faults of those that raised, each with its index in ``tasks`` (a fault costs only
-        its own episode; the others play on). ``box`` holds the weights' ObjectRef (boxed
-        so Ray does not fetch it per call)."""
+        its own episode; the others play on) and, for a fault, whether the user's code
+        raised it (:class:`UserCodeError`: its one line names the callable and file:line).
+        ``box`` holds the weights' ObjectRef (boxed so Ray does not fetch it per call)."""
         ref = box[0]
         weights = None if ref is None or version == self.worker.kit.version else ray.get(ref)
         done, faults = [], []
         for i, result in enumerate(self.worker.run_many(tasks, weights, version, faults="collect")):
             if isinstance(result, EpisodeFault):
-                faults.append((i, f"{type(result.error).__name__}: {_last_line(result.error)}"))
+                user = isinstance(result.error, UserCodeError)
+                text = str(result.error) if user else f"{type(result.error).__name__}: {_last_line(result.error)}"
+                faults.append((i, text, user))
             else:
                 done.append((i, result))
         return done, faults
@@ -367,8 +371,8 @@ class RayBackend:
             out.append((jobs[i].order, traj))
         if faults:  # episodes raised inside the actor; the others of the chunk played on
             self._fault(slot, kill=True)
-            for i, error in reversed(faults):
-                self._reissue(jobs[i], error)
+            for i, error, user in reversed(faults):
+                self._reissue(jobs[i], error, user=user)
 
     def _fault(self, slot: _Slot, *, kill: bool) -> None:
         """Restart (or, past ``max_restarts``, replace) a faulty actor; requeue what was queued on it."""
@@ -441,9 +445,14 @@ class RayBackend:
         self._counts["reissued"] += len(jobs)
         self._queue.extendleft(reversed(jobs))
 
-    def _reissue(self, job: _Job, error: str) -> None:
+    def _reissue(self, job: _Job, error: str, *, user: bool = False) -> None:
+        """Re-issue a faulty episode, or raise once it failed ``max_attempts`` times: a
+        ValueError with the user's error line when their code raised it last (a user error,
+        exit 2 on the CLI), else a RuntimeError with every attempt's error."""
         job.attempts += 1
         job.errors.append(error)
+        if job.attempts >= self.max_attempts and user:
+            raise ValueError(f"{error} (episode {job.task} on a Ray worker, {job.attempts} attempts)")
         if job.attempts >= self.max_attempts:
             raise RuntimeError(
                 f"episode {job.task} failed {job.attempts} times (max_attempts={self.max_attempts}); "

@@ -258,3 +258,25 @@ def test_a_large_first_update_before_any_latest_slot_does_not_fail(tmp_path):
     assert not manager.has("pre_update")
     manager.save("latest", {"w": torch.zeros(1)}, step=0)
     assert manager.after_update(None, kl=1.0, step=1) and manager.has("pre_update")
+
+
+def _strict(text: str):
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_rollback_on_a_nan_score_writes_a_strict_json_manifest(tmp_path):
+    """``json.loads`` accepts ``NaN``; other readers do not: the manifest records null."""
+    from gyre_ma.files import strict_json
+
+    ck = CheckpointManager(tmp_path)
+    ck.save("latest", {"w": torch.zeros(1)}, step=0)
+    ck.validate(0.5, None, step=0)
+    decision = ck.validate(float("nan"), None, step=1)
+    assert decision.rolled_back
+    manifest = _strict((tmp_path / "manifest.json").read_text())
+    assert manifest["rollbacks"][0]["score"] is None
+    assert CheckpointManager(tmp_path).rollbacks[0].score is None  # and it reads back
+    assert _strict(strict_json({"a": [float("inf"), 1.0]})) == {"a": [None, 1.0]}

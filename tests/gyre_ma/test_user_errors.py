@@ -182,3 +182,50 @@ def test_a_bug_in_gyre_ma_keeps_its_traceback_and_says_so(tmp_path, monkeypatch,
     assert main(["train", str(path), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "this is a bug in gyre-ma" in err
+
+
+def test_debug_after_the_command_shows_the_users_error_with_its_traceback(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, LIBRARY.replace("{body}", "raise KeyError('inventory')"))
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    with pytest.raises(UserCodeError, match="userlib.wander") as info:
+        main(["train", _config(tmp_path), "--quiet", "--debug"])
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_a_bug_of_any_exception_type_keeps_its_traceback_and_says_so(tmp_path, monkeypatch, capsys):
+    """A KeyError or RuntimeError inside gyre-ma escaped without the "bug" line."""
+    import gyre_ma.loop
+
+    def buggy_init(self, *args, **kwargs):
+        return {}["missing"]
+
+    monkeypatch.setattr(gyre_ma.loop.Gyre, "__init__", buggy_init)
+    path = tmp_path / "config.yaml"
+    path.write_text(f"name: bug\nenv: {{id: coverage_v0}}\nrun_root: '{tmp_path}'\ntrain: {{iterations: 1}}\n")
+    assert main(["train", str(path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "KeyError" in err and "Traceback" in err and "this is a bug in gyre-ma" in err
+
+
+@pytest.mark.timeout(600)
+def test_a_users_error_on_a_ray_worker_is_one_line_with_exit_2(tmp_path):
+    """On Ray the error was retried, then raised as a RuntimeError: a traceback, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    _write_user_module(tmp_path, LIBRARY.replace("{body}", "raise KeyError('inventory')"))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"name: broken\nenv: {{id: coverage_v0}}\nlibrary: 'userlib:make'\nrun_root: '{tmp_path}'\n"
+                      "train: {iterations: 1}\nroles: {evaluators: 0}\n"
+                      "backend: {name: ray, workers: 1, max_attempts: 2, "
+                      "ray_init: {num_cpus: 1, include_dashboard: false}}\n")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--quiet"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.startswith("gyre-ma train:")]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "userlib.wander of option 'go_to_" in lines[0] and "KeyError" in lines[0] and "userlib.py:7" in lines[0]
+    assert "Ray worker" in lines[0] and "2 attempts" in lines[0]

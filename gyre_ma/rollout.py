@@ -268,6 +268,7 @@ def play_episode(
                       horizon=min(cap, int(env_cap)) if env_cap is not None else cap)
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
+    last_end: dict[str, Termination | None] = {a: None for a in env.possible_agents}
     hooks = list(on_option_end)
     exclusive = [opt.exclusive for opt in library]
     attribute = getattr(env, "milestone_agent", None)
@@ -277,6 +278,7 @@ def play_episode(
 
     def end(run: _Running, terminated: bool, truncated: bool, reason: Termination) -> None:
         call = run.close(terminated, truncated, reason, traj.milestone_steps, traj.milestone_agents)
+        last_end[call.agent] = reason
         for hook in hooks:
             hook(call, env)
 
@@ -293,7 +295,8 @@ def play_episode(
                 mask[option] = False
         if not mask.any():
             return None
-        return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others)
+        return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others,
+                        last_end[agent])
 
     def start(d: Decision, choice: Choice, step: int) -> _Running:
         """The call ``choice`` starts for decision ``d``."""

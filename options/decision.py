@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gyre_ma.options.option import Termination
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class Decision:
     others: tuple[int, ...] = ()
     """Options the other live agents are running now, in ``env.agents`` order (those
     decided earlier in this step included; agents between options left out)."""
+    last_termination: Termination | None = None
+    """How this agent's previous call ended (None before its first)."""
 
 
 @dataclass(frozen=True)

@@ -332,3 +332,32 @@ def test_a_greedy_manager_does_not_repeat_an_option_that_verified_nothing():
     traj = run_episode(env, library, NoisyManager(policy, featurizer, greedy=True, seed=0), seed=0)
     waits = sum(library[c.option].name == "wait" for c in traj.calls)
     assert traj.success and waits == len(traj.calls) - waits, (waits, len(traj.calls))  # one wait per new state
+
+
+def test_a_greedy_manager_retries_a_failed_job_after_a_call_that_did_its_work():
+    """The greedy tech-tree policy: a dig cut short by thirst (failure), then a drink; the dig
+    waited for a round of every other option, and the episode ran out of time on 5-10 % of
+    held-out seeds its sampled twin finished. A failed option is open again once a later call
+    ends by its done condition; options that did their work stay set aside (no cycling)."""
+    from gyre_ma.options.option import Termination as T
+
+    job, gather, drink, wait = range(4)
+    pol = ManagerPolicy(F, 4, A, hidden=32)
+    with torch.no_grad():
+        pol.head.weight.zero_()
+        pol.head.bias.copy_(torch.tensor([4.0, 3.0, 2.0, 1.0]))  # argmax order: job, gather, drink, wait
+    manager = NoisyManager(pol, _Identity(), greedy=True, seed=0)
+    obs, mask = np.zeros(F, dtype=np.float32), np.ones(4, dtype=bool)
+
+    def choose(last: int, how: T | None) -> int:
+        d = Decision("agent_0", 0, obs, mask, frozenset(), last, 0.0, None, (), how)
+        return manager.decide([d])[0].option
+
+    assert choose(-1, None) == job
+    assert choose(job, T.FAILURE) == gather  # the failed job is set aside
+    assert choose(gather, T.DONE) == job  # one more item collected: the job may succeed now
+    assert choose(job, T.FAILURE) == drink  # failed again; gather did its work and stays aside
+    assert choose(drink, T.DONE) == job
+    assert choose(job, T.BLOCKED) == wait
+    assert choose(wait, T.DONE) == job
+    assert choose(job, T.FAILURE) == job  # all tried since the last milestone: a new round

@@ -62,7 +62,8 @@ def test_train_cli_runs_the_same_config_on_ray(tmp_path):
 
 
 def test_faults_survived_on_ray_are_metrics_in_the_csv_and_the_summary(tmp_path):
-    """Measurement 9 of #18: five SIGKILLed actors were survived but recorded nowhere."""
+    """Measurement 9 of #18: five SIGKILLed actors were survived but recorded nowhere. Now
+    they are per-iteration metrics in the CSV, in TensorBoard and summed in the summary."""
     import json
 
     from gyre_ma.backends.faults import arm_faults
@@ -83,4 +84,10 @@ def test_faults_survived_on_ray_are_metrics_in_the_csv_and_the_summary(tmp_path)
     assert restarts >= 1 and metrics["backend/reissued"].sum() >= restarts  # per iteration, not cumulative
     summary = json.loads((tmp_path / "faulty" / "summary.json").read_text())
     assert summary["backend/restarts_total"] == restarts
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "faulty" / "tensorboard"))
+    board.Reload()
+    assert sum(e.value for e in board.Scalars("backend/restarts")) == restarts
+    assert sum(e.value for e in board.Scalars("backend/reissued")) == metrics["backend/reissued"].sum()
     assert "backend/restarts (this session)" in out.stdout

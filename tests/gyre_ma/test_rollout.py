@@ -223,3 +223,25 @@ def test_a_side_effect_milestone_needs_no_option_of_its_own():
     assert TaskGraph.from_spec(library.graph.to_spec()).milestone("open").side_effect
     with pytest.raises(ValueError, match="milestones.open.side_effect must be true or false"):
         TaskGraph.from_spec({"goals": ["open"], "milestones": {"open": {"side_effect": "yes"}}})
+
+
+def test_each_decision_says_how_its_agents_previous_call_ended():
+    from gyre_ma.envs.registry import make_env as make_registered
+    from gyre_ma.envs.techtree.options import make_library
+
+    env = make_registered("techtree_v0", size=16, goal="make_stone_pickaxe", max_cycles=300)
+    library = make_library(env=env)
+    seen = []
+
+    class Recording(RandomManager):
+        def decide(self, decisions):
+            seen.extend(decisions)
+            return super().decide(decisions)
+
+    traj = run_episode(env, library, Recording(0), seed=3)
+    for agent in env.possible_agents:
+        calls = [c for c in traj.calls if c.agent == agent]
+        decisions = [d for d in seen if d.agent == agent]
+        assert len(decisions) == len(calls) > 2
+        assert decisions[0].last_termination is None
+        assert [d.last_termination for d in decisions[1:]] == [c.termination for c in calls[:-1]]

@@ -538,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if not _user_error(exc):
             traceback.print_exc()
-            if not _raised_on_purpose(exc):  # (on purpose: a failure gyre-ma detected, e.g. Ray workers that never started)
+            if not _raised_on_purpose(exc):  # else a failure gyre-ma detected (Ray workers that never started)
                 err_console.print(f"gyre-ma {args.command}: this is a bug in gyre-ma, not in your input: please report "
                                   "it with the traceback above", markup=False, soft_wrap=True)
             return 1
@@ -562,8 +562,8 @@ def _user_error(exc: BaseException) -> bool:
     in gyre-ma (traceback, exit 1): an error from the user's code (:class:`UserCodeError`),
     a storage error (``OSError``: a full disk, a read-only or missing path), or a
     ValueError / TypeError that gyre-ma raised on purpose — by a ``raise`` statement in its
-    own source, the way every check of a config, library or env reports. Anything else
-    (a KeyError, a RuntimeError, ...) is a bug."""
+    own source, the way every check of a config, library or env reports. Anything else (a
+    KeyError, a RuntimeError, ...) is not the user's: a traceback, exit 1."""
     from gyre_ma.options.errors import UserCodeError
 
     if isinstance(exc, (UserCodeError, OSError)):

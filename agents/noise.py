@@ -569,11 +569,12 @@ class PolicyActor:
             last = s.tried.get(d.agent)
             fresh = last is None or d.achieved != last[0]
             tried, failed = (set(), set()) if fresh else (set(last[1]), set(last[2]))
-            if d.last_option in tried and d.last_termination is Termination.DONE:
-                tried -= failed  # its work done (upkeep, one more item): what failed before may succeed now
-                failed = set()
-            elif d.last_option in tried and d.last_termination not in (None, Termination.MILESTONE):
-                failed.add(d.last_option)
+            if d.last_option in tried:  # how the call it chose last time ended
+                if d.last_termination is Termination.DONE:
+                    tried -= failed  # its work done (upkeep, one more item): what failed before may succeed now
+                    failed = set()
+                elif d.last_termination is not Termination.MILESTONE:
+                    failed.add(d.last_option)
             allowed = d.mask.copy()
             allowed[list(tried)] = False
             if not allowed.any():  # every eligible option tried since the last milestone: a new round

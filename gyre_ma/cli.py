@@ -468,9 +468,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre-ma", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    debug = argparse.ArgumentParser(add_help=False)  # also after the command: gyre-ma train CONFIG --debug
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
-    sub = _Subcommands(parser.add_subparsers(dest="command", required=True), parents=[debug])
+    sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check", help="validate a config, experiment file or option library without running it")
     p.add_argument("source", help="config YAML, experiment YAML, library YAML, or module:callable")
     p = sub.add_parser("graph", help="draw a library's task graph")
@@ -511,17 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="tables with confidence intervals, curves and a CSV of an experiment's runs")
     p.add_argument("exp_dir", help="the experiment folder (<root>/<name>) written by gyre-ma experiment")
     p.add_argument("--reps", type=int, help="bootstrap resamples (default: the experiment file's report.reps)")
+    for p in sub.choices.values():  # also after the command (gyre-ma train CONFIG --debug); unset keeps the top one
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
     return parser
-
-
-class _Subcommands:
-    """``add_subparsers`` whose every command inherits ``parents`` (the ``--debug`` flag)."""
-
-    def __init__(self, action: Any, parents: list[argparse.ArgumentParser]) -> None:
-        self.action, self.parents = action, parents
-
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return self.action.add_parser(name, parents=self.parents, **kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

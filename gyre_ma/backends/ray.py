@@ -451,9 +451,9 @@ class RayBackend:
         exit 2 on the CLI), else a RuntimeError with every attempt's error."""
         job.attempts += 1
         job.errors.append(error)
-        if job.attempts >= self.max_attempts and user:
-            raise ValueError(f"{error} (episode {job.task} on a Ray worker, {job.attempts} attempts)")
         if job.attempts >= self.max_attempts:
+            if user:
+                raise ValueError(f"{error} (episode {job.task} on a Ray worker, {job.attempts} attempts)")
             raise RuntimeError(
                 f"episode {job.task} failed {job.attempts} times (max_attempts={self.max_attempts}); "
                 f"errors: {job.errors}"

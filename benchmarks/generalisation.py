@@ -14,6 +14,7 @@ the same seeds.
     python benchmarks/generalisation.py --seeds 3 --jobs 2 --png benchmarks/results/generalisation.png \
         > benchmarks/results/generalisation.json
     python benchmarks/generalisation.py --envs coverage --seeds 1 --iterations 5   # a smoke run
+    python benchmarks/generalisation.py --set train.lr_schedule=linear   # a candidate default, every env
 
 Targets (issue #17): held-out success ≥ 90 % where the oracle has ≥ 95 %; learned ÷ oracle
 mean length ≤ 1.2 sampled and ≤ 1.1 greedy; better than random everywhere. Lengths are
@@ -31,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
+import yaml
 
 ENVS: dict[str, dict[str, Any]] = {
     "obstructed_maze": {"env": {"id": "gyre_ma.envs.minigrid_tasks:make_obstructed_maze"},
@@ -58,9 +60,10 @@ ENVS: dict[str, dict[str, Any]] = {
 }
 
 
-def config(name: str, seed: int, iterations: int | None) -> Any:
-    """The default config: the env, its library and the run seed, nothing else."""
-    from gyre_ma.config import parse_config
+def config(name: str, seed: int, iterations: int | None, overrides: dict[str, Any] | None = None) -> Any:
+    """The default config: the env, its library and the run seed, nothing else — unless
+    ``overrides`` (dotted keys, ``--set``) name a candidate default to measure."""
+    from gyre_ma.config import with_overrides, parse_config
 
     spec = ENVS[name]
     raw: dict[str, Any] = {"name": f"{name}-{seed}", "seed": seed, "env": spec["env"],
@@ -70,7 +73,7 @@ def config(name: str, seed: int, iterations: int | None) -> Any:
     iterations = iterations if iterations is not None else spec.get("iterations")
     if iterations is not None:
         raw["train"] = {"iterations": iterations}
-    return parse_config(raw)
+    return parse_config(with_overrides(raw, overrides or {}))
 
 
 def _summary(trajectories: list[Any]) -> dict[str, Any]:
@@ -83,14 +86,14 @@ def _summary(trajectories: list[Any]) -> dict[str, Any]:
             "dead_ends": float(np.mean([bool(t.dead_ends) for t in trajectories]))}
 
 
-def reference(name: str, seeds: list[int]) -> dict[str, Any]:
+def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Oracle, random eligible order (and, where the env has one, a fixed assignment) on ``seeds``."""
     from gyre_ma.agents.baselines import RandomManager
     from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.options.library import resolve
     from gyre_ma.rollout import run_episode
 
-    cfg = config(name, 0, 1)
+    cfg = config(name, 0, 1, overrides)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
     managers = {"oracle": lambda s: make_oracle(cfg.env.id, env, library, ENVS[name]["oracle"]),
@@ -101,7 +104,8 @@ def reference(name: str, seeds: list[int]) -> dict[str, Any]:
             for key, build in managers.items()}
 
 
-def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int]) -> dict[str, Any]:
+def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
+          overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train the default learner; evaluate its final policy on ``eval_seeds``, sampled and greedy."""
     import torch
 
@@ -109,7 +113,7 @@ def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int]) -
     from gyre_ma.roles import RolloutTask
 
     torch.set_num_threads(1)
-    cfg = config(name, seed, iterations)
+    cfg = config(name, seed, iterations, overrides)
     gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
     start = time.perf_counter()
     curve = []
@@ -188,7 +192,15 @@ def main() -> None:
     p.add_argument("--eval-seed", type=int, default=2_000_000)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--png", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a candidate default to measure (dotted key, YAML value); repeatable")
     args = p.parse_args()
+    overrides = {}
+    for pair in args.set:
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise SystemExit(f"--set: expected KEY=VALUE, got {pair!r}")
+        overrides[key] = yaml.safe_load(value)
     names = [n for n in args.envs.split(",") if n]
     unknown = [n for n in names if n not in ENVS]
     if unknown:
@@ -196,12 +208,14 @@ def main() -> None:
     eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        refs = {n: pool.submit(reference, n, eval_seeds) for n in names}
-        runs = {n: [pool.submit(train, n, s, args.iterations, eval_seeds) for s in range(args.seeds)] for n in names}
+        refs = {n: pool.submit(reference, n, eval_seeds, overrides) for n in names}
+        runs = {n: [pool.submit(train, n, s, args.iterations, eval_seeds, overrides) for s in range(args.seeds)]
+                for n in names}
         envs = {n: {"reference": refs[n].result(), "runs": [f.result() for f in runs[n]]} for n in names}
     for env in envs.values():
         env["verdict"] = verdict(env)
-    result = {"benchmark": "generalisation", "config": "defaults (env, library, seed only)",
+    result = {"benchmark": "generalisation",
+              "config": f"defaults with {overrides}" if overrides else "defaults (env, library, seed only)",
               "seeds": args.seeds, "eval_episodes": args.eval_episodes, "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
               "iterations": args.iterations, "wall_seconds": time.perf_counter() - start, "envs": envs}
     if args.png:

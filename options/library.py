@@ -139,6 +139,12 @@ class OptionLibrary:
     def names(self) -> list[str]:
         return [o.name for o in self._options]
 
+    @property
+    def asks_state(self) -> bool:
+        """Whether :meth:`mask` reads the state (some option has a state predicate): without
+        one it needs no context."""
+        return bool(self._gated)
+
     def mask(self, achieved: frozenset[str], ctx: OptionContext | None = None) -> np.ndarray:
         """Options the manager may choose now: graph eligibility, then, when a context is
         given, each option's own initiation predicate (and, for an option that restores its

@@ -425,7 +425,9 @@ class NoNoise:
 class _Slot:
     """One in-flight episode's exploration: its noise, sampling generator and greedy memory."""
 
-    __slots__ = ("noise", "greedy", "generator", "perturbed", "tried")
+    __slots__ = ("noise", "greedy", "generator", "perturbed", "tried", "uniforms")
+
+    UNIFORMS_AT_ONCE = 64
 
     def __init__(self) -> None:
         self.noise, self.greedy, self.perturbed = NO_NOISE, False, False
@@ -433,6 +435,16 @@ class _Slot:
         self.tried: dict[str, tuple[frozenset[str], set[int], set[int]]] = {}
         """Agent → (its verified milestones, the options it tried since they changed, those of
         them whose call failed): the greedy memory."""
+        self.uniforms: list[float] = []
+        """Sampling uniforms drawn ahead from the generator, next one last."""
+
+    def uniform(self) -> float:
+        """The generator's next uniform. Drawn :attr:`UNIFORMS_AT_ONCE` at a time (a ``torch.rand``
+        call costs more than its numbers): torch fills a CPU tensor's uniforms one after another
+        from the generator, so these are the numbers one ``torch.rand(1)`` per decision gives."""
+        if not self.uniforms:
+            self.uniforms = torch.rand(self.UNIFORMS_AT_ONCE, generator=self.generator).tolist()[::-1]
+        return self.uniforms.pop()
 
 
 class PolicyActor:
@@ -473,7 +485,7 @@ class PolicyActor:
         """Start an episode in ``slot``: reseed it and, under parameter noise, draw its
         perturbed weights (the draws :func:`perturb` makes from the same seed)."""
         s = self.slots[slot]
-        s.noise, s.greedy, s.tried = noise, greedy, {}
+        s.noise, s.greedy, s.tried, s.uniforms = noise, greedy, {}, []
         s.generator.manual_seed(int(seed))
         s.perturbed = noise.kind == "param" and noise.scale > 0 and not greedy
         if not s.perturbed and self._stacks is None:
@@ -506,9 +518,13 @@ class PolicyActor:
         mask = torch.from_numpy(mask_np)
         rows = [self.slots[k] for k in slots]
         logits = self.logits(slots, features, agent, mask)
+        acting = [NO_NOISE if s.greedy else s.noise for s in rows]
         settings: dict[NoiseSetting, list[int]] = {}
-        for i, s in enumerate(rows):
-            settings.setdefault(NO_NOISE if s.greedy else s.noise, []).append(i)
+        if all(a is acting[0] for a in acting):  # the usual round: one setting, no hashing per row
+            settings[acting[0]] = list(range(n))
+        else:
+            for i, a in enumerate(acting):
+                settings.setdefault(a, []).append(i)
         if len(settings) == 1:
             log_probs = behaviour_logits(logits, mask, next(iter(settings)))
         else:  # each row under its episode's own setting (the ops are row by row)
@@ -523,7 +539,7 @@ class PolicyActor:
             options[greedy] = self._untried_argmax([rows[i] for i in greedy], [decisions[i] for i in greedy], lp[greedy])
         sampled = [i for i, s in enumerate(rows) if not s.greedy]
         if sampled:
-            u = np.array([float(torch.rand(1, generator=rows[i].generator)) for i in sampled])
+            u = np.array([rows[i].uniform() for i in sampled])
             probs = np.exp(lp[sampled])
             cum = probs.cumsum(-1)
             picks = np.minimum((cum < u[:, None] * cum[:, -1:]).sum(-1), probs.shape[-1] - 1)
@@ -540,14 +556,23 @@ class PolicyActor:
 
     def _logits(self, slots: Sequence[int], features: Tensor, agent: Tensor) -> Tensor:
         perturbed = self._stacks is not None and any(self.slots[k].perturbed for k in slots)
-        rows = None
-        if perturbed:  # every row its slot's weights (an unperturbed slot's row holds the policy's)
-            if len(slots) == len(self.slots) and all(k == i for i, k in enumerate(slots)):
-                rows = self._stacks  # a full round, in slot order: no gather
-            else:
-                idx = torch.tensor(list(slots), dtype=torch.long)
-                rows = {name: stack[idx] for name, stack in self._stacks.items()}
-        return self._policy_forward(features, agent, rows)
+        if not perturbed:
+            return self._policy_forward(features, agent, None)
+        # every row its slot's weights (an unperturbed slot's row holds the policy's)
+        n = len(self.slots)
+        if len(slots) == n and all(k == i for i, k in enumerate(slots)):
+            return self._policy_forward(features, agent, self._stacks)  # a full round, in slot order
+        idx = torch.tensor(list(slots), dtype=torch.long)
+        if 2 * len(slots) >= n and len(set(slots)) == len(slots):
+            # most slots, each once: every slot's row on the stacks in place, the asked ones kept
+            # (gathering their weights would copy most of the stacks, which costs more than the
+            # forward pass of the idle rows)
+            x = features.new_zeros((n, features.shape[1]))
+            x[idx] = features
+            a = agent.new_zeros(n)
+            a[idx] = agent
+            return self._policy_forward(x, a, self._stacks)[idx]
+        return self._policy_forward(features, agent, {name: stack[idx] for name, stack in self._stacks.items()})
 
     def _values(self, decisions: Sequence[Decision], features: Tensor, agent: Tensor) -> np.ndarray:
         if self.critic is None:

@@ -12,8 +12,10 @@ Per env (techtree_v0 and workflow_v0 by default, the learned manager with parame
   ``n`` plays the same episodes;
 * ``ray`` — the Ray backend, ``--workers`` actors with the default ``num_envs``, after an
   untimed warm-up that starts them and ships the weights;
-* ``flat`` — flat PPO's rollout (one decision per agent per primitive step, techtree) on
-  the local backend at the default ``num_envs``, against ``flat_raw``: its own actions replayed.
+* ``flat_<n>`` — flat PPO's rollout (one decision per agent per primitive step, techtree)
+  on the local backend at ``num_envs`` 16 and 64 (``--flat-num-envs``), ``--flat-episodes``
+  per round (enough to keep every slot busy), against ``flat_raw``: its own actions
+  replayed; ``flat_over_raw`` is the best of them, at ``flat_best_num_envs``.
 
 Every path runs in every round, in a rotating order; each ratio is the median over rounds
 of the paired per-round ratio, so a burst of noise on this shared machine spoils one round
@@ -21,7 +23,7 @@ rather than the result. Also reported: decisions/s, and each worker's resident m
 (this process after each ``num_envs``; each Ray actor). Prints one JSON object.
 
 Targets (issue #19): framework ÷ raw same actions ≥ 0.9 at the best ``num_envs``; flat ÷
-raw ≥ 0.5; Ray with 2 actors ÷ local (default ``num_envs``) ≥ 1.7.
+raw ≥ 0.5 at its best ``num_envs``; Ray with 2 actors ÷ local (default ``num_envs``) ≥ 1.7.
 """
 
 from __future__ import annotations
@@ -179,25 +181,37 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
 
 
 def measure_flat(args: argparse.Namespace) -> dict[str, Any]:
-    backend = make_backend("local", config("techtree_v0", "flat", DEFAULT_NUM_ENVS, {"milestone_rewards": True}))
-    kit = backend.worker.kit
-    weights = policy_weights(kit.policy, kit.critic)
+    kwargs = {"milestone_rewards": True}
+    backends = {n: make_backend("local", config("techtree_v0", "flat", n, kwargs)) for n in args.flat_num_envs}
+    first = backends[args.flat_num_envs[0]].worker.kit
+    weights = policy_weights(first.policy, first.critic)
     noise = NoiseSetting("param", 0.1)
-    n = max(2, args.episodes // 8)  # flat episodes are long: every step is a decision
-    backend.collect(weights, 0, tasks(n, 90_000, noise))
-    recorded = [record(backend, weights, tasks(n, 1000 * r, noise)) for r in range(args.rounds)]
-    env = kit.env_for(0)
-    per_round: dict[str, list[tuple[int, float, int]]] = {"flat": [], "flat_raw": []}
+    n = args.flat_episodes
+    for backend in backends.values():  # warm up, make every slot's env
+        backend.collect(weights, 0, tasks(n, 90_000, noise))
+    reference = backends[args.flat_num_envs[-1]]
+    recorded = [record(reference, weights, tasks(n, 1000 * r, noise)) for r in range(args.rounds)]
+    env = first.env_for(0)
+    paths = ["flat_raw", *(f"flat_{k}" for k in args.flat_num_envs)]
+    per_round: dict[str, list[tuple[int, float, int]]] = {p: [] for p in paths}
     for r in range(args.rounds):
-        for name in (("flat", "flat_raw") if r % 2 == 0 else ("flat_raw", "flat")):
-            if name == "flat":
-                per_round[name].append(collect(backend, weights, tasks(n, 1000 * r, noise), "flat"))
-            else:
+        for name in paths[r % len(paths):] + paths[: r % len(paths)]:
+            if name == "flat_raw":
                 per_round[name].append((*replay(env, recorded[r]), 0))
-    backend.close()
+            else:
+                per_round[name].append(collect(backends[int(name.split("_")[1])], weights,
+                                               tasks(n, 1000 * r, noise), name))
+    for backend in backends.values():
+        backend.close()
+    ratios = {p: _ratio(per_round, p, "flat_raw") for p in paths[1:]}
+    best = max(ratios, key=ratios.get)
     return {"steps_per_s": {p: round(_sps(v), 1) for p, v in per_round.items()},
-            "decisions_per_s": round(sum(d for *_, d in per_round["flat"]) / sum(t for _, t, _ in per_round["flat"]), 1),
-            "flat_over_raw": round(_ratio(per_round, "flat", "flat_raw"), 3), "episodes_per_round": n}
+            "decisions_per_s": {p: round(sum(d for *_, d in per_round[p]) / sum(t for _, t, _ in per_round[p]), 1)
+                                for p in paths[1:]},
+            "over_raw": {p: round(v, 3) for p, v in ratios.items()},
+            "flat_best_num_envs": int(best.split("_")[1]), "flat_over_raw": round(ratios[best], 3),
+            "episodes_per_round": n,
+            "mean_episode_steps": round(sum(s for s, *_ in per_round["flat_raw"]) / (args.rounds * n), 1)}
 
 
 def _sps(rows: list[tuple[int, float, int]]) -> float:
@@ -218,8 +232,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2, help="Ray actors (0: no Ray path)")
     parser.add_argument("--no-flat", action="store_true", help="skip flat PPO")
+    parser.add_argument("--flat-num-envs", default="16,64", help="rollout.num_envs values for flat PPO")
+    parser.add_argument("--flat-episodes", type=int, default=128,
+                        help="flat PPO episodes per round and path (short episodes: enough to fill 64 slots)")
     args = parser.parse_args()
     args.num_envs = [int(n) for n in args.num_envs.split(",")]
+    args.flat_num_envs = [int(n) for n in args.flat_num_envs.split(",")]
 
     noise = NoiseSetting("param", 0.1)
     if args.workers:

@@ -74,8 +74,13 @@ class NumericView:
             raise TypeError(f"observation space {space} has no numeric flat form")
         self.space = space
         self.flat_space = gym.spaces.flatten_space(space)
+        self._array = type(space) in (gym.spaces.Box, gym.spaces.MultiBinary)
+        """Flattened as an array of the space's dtype (what ``gym.spaces.flatten`` does for
+        these, less its dispatch, which the manager pays at every decision)."""
 
     def __call__(self, observation: Any) -> np.ndarray:
+        if self._array:
+            return np.asarray(observation, dtype=self.space.dtype).flatten()
         if self.keys is not None:
             observation = {k: observation[k] for k in self.keys}
         return gym.spaces.flatten(self.space, observation)

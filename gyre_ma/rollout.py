@@ -271,6 +271,7 @@ def play_episode(
     last_end: dict[str, Termination | None] = {a: None for a in env.possible_agents}
     hooks = list(on_option_end)
     exclusive = [opt.exclusive for opt in library]
+    asks_state = library.asks_state
     attribute = getattr(env, "milestone_agent", None)
     attribute = attribute if callable(attribute) else None
     if on_start is not None:
@@ -285,15 +286,15 @@ def play_episode(
     def decision(agent: str, step: int, verified: frozenset[str], set_aside: set[int]) -> Decision | None:
         """The decision ``agent`` faces; None at a dead end (no eligible option)."""
         obs = observations[agent]
-        mask = library.mask(verified, OptionContext(agent=agent, env=env, observation=obs, achieved=verified,
-                                                    rng=rng))
+        ctx = OptionContext(agent=agent, env=env, observation=obs, achieved=verified, rng=rng) if asks_state else None
+        mask = library.mask(verified, ctx)
         if set_aside:
             mask[list(set_aside)] = False
         others = tuple(r.call.option for b in env.agents if b != agent and (r := running.get(b)) is not None)
         for option in others:
             if exclusive[option]:
                 mask[option] = False
-        if not mask.any():
+        if not np.count_nonzero(mask):  # ndarray.any costs four times as much on a mask this small
             return None
         return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others,
                         last_end[agent])

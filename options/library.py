@@ -64,6 +64,9 @@ class OptionLibrary:
         self._index: dict[str, int] = {}
         self._graph_masks: dict[frozenset[str], np.ndarray] = {}
         """Graph eligibility per achieved set: pure, and asked at every decision."""
+        self._gated: list[tuple[int, Option]] = []
+        """The options with a state predicate (an initiation, or a milestone they restore),
+        with their indices: the only ones :meth:`mask` asks about the state."""
         for opt in options or []:
             self.add(opt)
 
@@ -82,6 +85,8 @@ class OptionLibrary:
         self._index[option.name] = len(self._options)
         self._options.append(option)
         self._graph_masks.clear()
+        if option.initiation is not None or option.restores:
+            self._gated.append((len(self._options) - 1, option))
         return option
 
     def option(self, name: str | None = None, **kwargs: Any) -> Callable[[Callable], Callable]:
@@ -134,6 +139,12 @@ class OptionLibrary:
     def names(self) -> list[str]:
         return [o.name for o in self._options]
 
+    @property
+    def asks_state(self) -> bool:
+        """Whether :meth:`mask` reads the state (some option has a state predicate): without
+        one it needs no context."""
+        return bool(self._gated)
+
     def mask(self, achieved: frozenset[str], ctx: OptionContext | None = None) -> np.ndarray:
         """Options the manager may choose now: graph eligibility, then, when a context is
         given, each option's own initiation predicate (and, for an option that restores its
@@ -146,8 +157,8 @@ class OptionLibrary:
             base = self._graph_masks[achieved] = self.graph.mask(self, achieved)
         mask = base.copy()
         if ctx is not None:
-            for i, opt in enumerate(self._options):
-                if mask[i] and (opt.initiation is not None or opt.restores):
+            for i, opt in self._gated:
+                if mask[i]:
                     try:
                         mask[i] = opt.can_start(ctx)
                     except Exception as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -182,9 +183,10 @@ class Option:
                 f"option {self.name!r}: an option without a milestone needs a 'done' predicate"
             )
 
-    @property
+    @functools.cached_property
     def restores(self) -> bool:
-        """A repeatable option that re-achieves its milestone when it was lost."""
+        """A repeatable option that re-achieves its milestone when it was lost (fixed by the
+        fields, so worked out once: the rollout asks at every step and decision)."""
         return (self.repeatable and self.milestone is not None and self.done is None
                 and not (is_behaviour(self.policy) and _defines_done(self.policy)))
 

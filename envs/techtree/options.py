@@ -21,7 +21,7 @@ import numpy as np
 from gyre_ma.envs.techtree.techtree import (
     COAL_I, DIAMOND_I, DIRS, DO, DRINK, DRINK_V, EAT, ENERGY_V, FOOD, FOOD_V, FURNACE, IRON_I,
     IRON_PICKAXE, ITEM_INDEX, MOVES, NOOP, PLACEABLE, RECIPE_ACTION, SLEEP, SOURCES, STATIONS,
-    STONE_I, STONE_PICKAXE, TABLE, TOOL_FOR_TILE, WALKABLE, WATER, WATER_I, WOOD, WOOD_PICKAXE,
+    STONE_I, STONE_PICKAXE, TABLE, TILES, TOOL_FOR_TILE, WALKABLE, WATER, WATER_I, WOOD, WOOD_PICKAXE,
     TechTreeEnv, _dilate, task_graph,
 )
 from gyre_ma.options.library import OptionLibrary
@@ -65,15 +65,18 @@ def _costs(env: TechTreeEnv, i: int) -> list[int]:
 def _dijkstra(
     grid: list[int], n: int, start: int, cost: list[int], goal: list[bool]
 ) -> list[int] | None:
-    """Cheapest path of cells from ``start`` to the nearest cell with ``goal`` true."""
+    """Cheapest path of cells from ``start`` to the nearest cell with ``goal`` true. The
+    heap holds ``distance * cells + cell``: ordered as (distance, cell) pairs would be
+    (ties to the lower cell), and an int compares faster than a tuple."""
     nbrs = _neighbours(n)
-    dist = [_INF] * (n * n)
-    prev = [-1] * (n * n)
+    cells = n * n
+    dist = [_INF] * cells
+    prev = [-1] * cells
     dist[start] = 0
-    heap = [(0, start)]
+    heap = [start]
     pop, push = heapq.heappop, heapq.heappush
     while heap:
-        d, u = pop(heap)
+        d, u = divmod(pop(heap), cells)
         if d > dist[u]:
             continue
         if goal[u]:
@@ -90,9 +93,19 @@ def _dijkstra(
                 if nd < dist[v]:
                     dist[v] = nd
                     prev[v] = u
-                    push(heap, (nd, v))
+                    push(heap, nd * cells + v)
     return None
 
+
+
+@functools.lru_cache(maxsize=64)
+def _tile_table(tiles: tuple[int, ...]) -> np.ndarray:
+    """Tile id → whether it is one of ``tiles``: indexed by a grid, the grid's cells that
+    hold one (``np.isin`` gives the same, at several times the cost)."""
+    table = np.zeros(len(TILES), dtype=bool)
+    table[list(tiles)] = True
+    table.flags.writeable = False
+    return table
 
 
 def _near_mask(env: TechTreeEnv, tile: int) -> np.ndarray:
@@ -132,7 +145,7 @@ def _make_plan(env: TechTreeEnv, i: int, purpose: Any, tiles: tuple[int, ...] = 
         usable = tuple(t for t in tiles if TOOL_FOR_TILE[t] is None or inv[TOOL_FOR_TILE[t]] > 0)
         if not usable:
             return None
-        targets = np.isin(env.grid, usable)
+        targets = _tile_table(usable)[env.grid]
         if not targets.any():
             return None
         choices = [targets]
@@ -241,15 +254,20 @@ def _gathered(ctx: OptionContext, item: int) -> bool:
     return env.collected_by(i, item) > ctx.memory.get("start", _INF)
 
 
+@functools.lru_cache(maxsize=64)
+def _sources(items: tuple[int, ...]) -> tuple[int, ...]:
+    """The source tiles of ``items``, in order (asked at every step of a craft that gathers)."""
+    return tuple(t for item in items for t in _SOURCE_TILES[item])
+
+
 def _craft(ctx: OptionContext, recipe: str) -> int:
     """Gather what the recipe lacks (nearest source first), walk to its stations, then
     craft or place."""
     env, i = _agent(ctx)
     inv = env.inventory(i)
-    missing = tuple(item for item, n in env.recipes[recipe] if inv[item] < n)
+    missing = tuple([item for item, n in env.recipes[recipe] if inv[item] < n])
     if missing:  # fetch the nearest of whatever is still missing
-        tiles = tuple(t for item in missing for t in _SOURCE_TILES[item])
-        return _pursue(ctx, ("gather", missing), tiles=tiles)
+        return _pursue(ctx, ("gather", missing), tiles=_sources(missing))
     table, furnace = STATIONS[recipe]
     stations = ((TABLE,) if table else ()) + ((FURNACE,) if furnace else ())
     action = RECIPE_ACTION[recipe]
@@ -430,7 +448,10 @@ def _interrupted(ctx: OptionContext, spared: int | None) -> bool:
     start = ctx.memory.get("vitals_at_start")
     if start is None:  # first check, after the call's first step
         ctx.memory["vitals_at_start"] = start = tuple(vitals)
-    return any(v != spared and vitals[v] <= DANGER < start[v] for v in (FOOD_V, DRINK_V, ENERGY_V))
+    for v in (FOOD_V, DRINK_V, ENERGY_V):  # a loop, not any(genexpr): asked at every step of a call
+        if v != spared and vitals[v] <= DANGER < start[v]:
+            return True
+    return False
 
 
 def safe(ctx: OptionContext) -> bool:
@@ -439,7 +460,7 @@ def safe(ctx: OptionContext) -> bool:
     a job begun there would starve the agent before it ends."""
     env, i = _agent(ctx)
     vitals = env.vitals[i]
-    return all(vitals[v] > DANGER for v in (FOOD_V, DRINK_V, ENERGY_V))
+    return vitals[FOOD_V] > DANGER and vitals[DRINK_V] > DANGER and vitals[ENERGY_V] > DANGER
 
 
 def no_route(ctx: OptionContext) -> bool:

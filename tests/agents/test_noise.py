@@ -287,6 +287,17 @@ def test_a_rows_result_does_not_depend_on_the_rows_batched_with_it():
         shared = actor.logits([0, 2, 4], features[:3], agent[:3], mask[:3])  # unperturbed rows only
         assert torch.equal(shared, torch.cat([actor.logits([k], features[i:i + 1], agent[i:i + 1], mask[i:i + 1])
                                               for i, k in enumerate([0, 2, 4])]))
+        most = [13, 2, 7, 0, 9, 4, 15, 11, 1, 6]  # most slots, out of order: run on the stacks in place
+        assert torch.equal(actor.logits(most, features[most], agent[most], mask[most]), alone[most])
+
+
+def test_a_slots_uniforms_drawn_ahead_are_those_of_one_draw_per_decision():
+    actor = PolicyActor(policy(), _Identity(), slots=1)
+    actor.begin(0, NoiseSetting("param", 0.5), 3)  # the perturbation draws from the generator first
+    generator = torch.Generator().manual_seed(3)
+    perturb(policy(), sigma=0.5, generator=generator)
+    assert [actor.slots[0].uniform() for _ in range(150)] == [float(torch.rand(1, generator=generator))
+                                                              for _ in range(150)]
 
 
 def test_an_episodes_perturbation_is_the_one_perturb_draws_from_its_seed():

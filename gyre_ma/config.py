@@ -541,10 +541,12 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
         base = parse_config(data, source=p.name).model_dump(mode="json")
     except ConfigError:  # the overrides may be what makes the file valid: set them on it as written
         base = dict(data or {}) if isinstance(data, dict) else data
-    return parse_config(_with_overrides(base, overrides), source=p.name)
+    return parse_config(with_overrides(base, overrides), source=p.name)
 
 
-def _with_overrides(data: Any, overrides: dict[str, Any]) -> Any:
+def with_overrides(data: Any, overrides: dict[str, Any]) -> Any:
+    """A copy of the raw config mapping ``data`` with each dotted key of ``overrides`` set
+    (``{"train.lr": 1e-3}``), sections created as needed; siblings are kept."""
     if not isinstance(data, dict):
         return data
     data = copy.deepcopy(data)

@@ -63,7 +63,7 @@ ENVS: dict[str, dict[str, Any]] = {
 def config(name: str, seed: int, iterations: int | None, overrides: dict[str, Any] | None = None) -> Any:
     """The default config: the env, its library and the run seed, nothing else — unless
     ``overrides`` (dotted keys, ``--set``) name a candidate default to measure."""
-    from gyre_ma.config import with_overrides, parse_config
+    from gyre_ma.config import parse_config, with_overrides
 
     spec = ENVS[name]
     raw: dict[str, Any] = {"name": f"{name}-{seed}", "seed": seed, "env": spec["env"],

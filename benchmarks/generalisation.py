@@ -32,7 +32,6 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
-import yaml
 
 ENVS: dict[str, dict[str, Any]] = {
     "obstructed_maze": {"env": {"id": "gyre_ma.envs.minigrid_tasks:make_obstructed_maze"},
@@ -195,12 +194,12 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a candidate default to measure (dotted key, YAML value); repeatable")
     args = p.parse_args()
-    overrides = {}
-    for pair in args.set:
-        key, eq, value = pair.partition("=")
-        if not eq:
-            raise SystemExit(f"--set: expected KEY=VALUE, got {pair!r}")
-        overrides[key] = yaml.safe_load(value)
+    from gyre_ma.cli import UsageError, set_overrides
+
+    try:
+        overrides = set_overrides(args.set)
+    except UsageError as exc:
+        raise SystemExit(str(exc)) from None
     names = [n for n in args.envs.split(",") if n]
     unknown = [n for n in names if n not in ENVS]
     if unknown:

@@ -182,25 +182,25 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
 
 def measure_flat(args: argparse.Namespace) -> dict[str, Any]:
     kwargs = {"milestone_rewards": True}
-    backends = {n: make_backend("local", config("techtree_v0", "flat", n, kwargs)) for n in args.flat_num_envs}
-    first = backends[args.flat_num_envs[0]].worker.kit
+    backends = {f"flat_{n}": make_backend("local", config("techtree_v0", "flat", n, kwargs))
+                for n in args.flat_num_envs}
+    first = next(iter(backends.values())).worker.kit
     weights = policy_weights(first.policy, first.critic)
     noise = NoiseSetting("param", 0.1)
     n = args.flat_episodes
     for backend in backends.values():  # warm up, make every slot's env
         backend.collect(weights, 0, tasks(n, 90_000, noise))
-    reference = backends[args.flat_num_envs[-1]]
+    reference = backends[f"flat_{args.flat_num_envs[-1]}"]
     recorded = [record(reference, weights, tasks(n, 1000 * r, noise)) for r in range(args.rounds)]
     env = first.env_for(0)
-    paths = ["flat_raw", *(f"flat_{k}" for k in args.flat_num_envs)]
+    paths = ["flat_raw", *backends]
     per_round: dict[str, list[tuple[int, float, int]]] = {p: [] for p in paths}
     for r in range(args.rounds):
         for name in paths[r % len(paths):] + paths[: r % len(paths)]:
             if name == "flat_raw":
                 per_round[name].append((*replay(env, recorded[r]), 0))
             else:
-                per_round[name].append(collect(backends[int(name.split("_")[1])], weights,
-                                               tasks(n, 1000 * r, noise), name))
+                per_round[name].append(collect(backends[name], weights, tasks(n, 1000 * r, noise), name))
     for backend in backends.values():
         backend.close()
     ratios = {p: _ratio(per_round, p, "flat_raw") for p in paths[1:]}

@@ -113,7 +113,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
+def set_overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs → ``{dotted key: YAML value}`` (see ``config.with_overrides``)."""
     from gyre_ma.options.yaml_file import load_yaml
 
     out = {}
@@ -128,7 +129,7 @@ def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
 def cmd_train(args: argparse.Namespace) -> int:
     from gyre_ma.config import load_config
 
-    overrides = _overrides(args.set)
+    overrides = set_overrides(args.set)
     if args.iterations is not None:
         overrides["train.iterations"] = args.iterations
     if args.run_root is not None:

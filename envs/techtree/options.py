@@ -97,7 +97,6 @@ def _dijkstra(
     return None
 
 
-
 @functools.lru_cache(maxsize=64)
 def _tile_table(tiles: tuple[int, ...]) -> np.ndarray:
     """Tile id → whether it is one of ``tiles``: indexed by a grid, the grid's cells that

@@ -119,6 +119,10 @@ class ManagerPolicy(nn.Module):
                      mask: torch.Tensor) -> torch.distributions.Categorical:
         return torch.distributions.Categorical(logits=self(features, agent, mask))
 
+    def batch_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Masked logits of a training batch's rows (its features, agents and masks)."""
+        return self(batch["features"], batch["agent"], batch["mask"])
+
 
 class Critic(nn.Module):
     """Value of a decision state; local (manager features) or centralised (global state)."""

@@ -250,7 +250,7 @@ class Exploration(Protocol):
 
     def observe(self, features: Tensor, agent: Tensor, mask: Tensor) -> None: ...
 
-    def update(self, policy: ManagerPolicy) -> dict[str, float]: ...
+    def update(self, policy: ManagerPolicy | None) -> dict[str, float]: ...
 
     def metrics(self, prefix: str = "noise") -> dict[str, float]: ...
 
@@ -369,8 +369,10 @@ class ActionNoise:
         self.states.add(features, agent, mask)
 
     @torch.no_grad()
-    def measure(self, policy: ManagerPolicy) -> float:
-        if not len(self.states):
+    def measure(self, policy: ManagerPolicy | None) -> float:
+        """d(π, behaviour) on the recent states; NaN with none, or no policy that reads them
+        (None: the LLM manager, whose inputs are prompts)."""
+        if not len(self.states) or policy is None:
             return math.nan
         s = self.states
         logits = policy(s.features, s.agent, s.mask)
@@ -378,7 +380,7 @@ class ActionNoise:
         noisy = noisy.masked_fill(~s.mask, 0.0)
         return float(masked_kl(logits_p=logits, logits_q=noisy, mask=s.mask).mean())
 
-    def update(self, policy: ManagerPolicy) -> dict[str, float]:
+    def update(self, policy: ManagerPolicy | None) -> dict[str, float]:
         d = self.measure(policy)
         if not math.isnan(d):
             self.distance = d
@@ -408,7 +410,7 @@ class NoNoise:
     def observe(self, features: Tensor, agent: Tensor, mask: Tensor) -> None:
         return None
 
-    def update(self, policy: ManagerPolicy) -> dict[str, float]:
+    def update(self, policy: ManagerPolicy | None) -> dict[str, float]:
         return {}
 
     def metrics(self, prefix: str = "noise") -> dict[str, float]:
@@ -517,7 +519,7 @@ class PolicyActor:
         mask_np = np.stack([d.mask for d in decisions])
         mask = torch.from_numpy(mask_np)
         rows = [self.slots[k] for k in slots]
-        logits = self.logits(slots, features, agent, mask)
+        logits = self.masked_logits(slots, decisions, features, agent, mask)
         acting = [NO_NOISE if s.greedy else s.noise for s in rows]
         settings: dict[NoiseSetting, list[int]] = {}
         if all(a is acting[0] for a in acting):  # the usual round: one setting, no hashing per row
@@ -549,6 +551,11 @@ class PolicyActor:
         values = self._values(decisions, features, agent)
         return [Choice(int(o), float(c), float(v))
                 for o, c, v in zip(options.tolist(), chosen.tolist(), values.tolist(), strict=True)]
+
+    def masked_logits(self, slots: Sequence[int], decisions: Sequence[Decision], features: Tensor, agent: Tensor,
+                      mask: Tensor) -> Tensor:
+        """Masked logits [B, K] of ``decisions`` (featurised as ``features``), the round :meth:`decide` samples from."""
+        return self.logits(slots, features, agent, mask)
 
     def logits(self, slots: Sequence[int], features: Tensor, agent: Tensor, mask: Tensor) -> Tensor:
         """Masked logits [B, K] of each row's acting policy (its slot's perturbed weights, or the policy's)."""
@@ -734,7 +741,7 @@ class RoleNoise:
         for noise in self.noises.values():
             noise.observe(features, agent, mask)
 
-    def update(self, policy: ManagerPolicy) -> dict[str, float]:
+    def update(self, policy: ManagerPolicy | None) -> dict[str, float]:
         """Adapt and anneal every role's noise; metrics as ``noise/<role>/<name>``."""
         out: dict[str, float] = {}
         for role, noise in self.noises.items():

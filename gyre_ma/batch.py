@@ -8,6 +8,12 @@ import torch
 
 FEATURES: Final = "features"
 """float [N, F] — manager input (observation, milestone bits, last option, time)."""
+PROMPT: Final = "prompt"
+"""long [N, L] — the LLM manager's prompt tokens, right-padded."""
+PROMPT_LENGTH: Final = "prompt_length"
+"""long [N] — each prompt's length in tokens."""
+REF_LOGITS: Final = "ref_logits"
+"""float [N, K] — the LLM manager's frozen reference policy's masked logits (its KL penalty)."""
 STATE: Final = "state"
 """float [N, S] — global state at the decision (centralised critic)."""
 AGENT: Final = "agent"

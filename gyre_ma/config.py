@@ -51,6 +51,57 @@ class EnvConfig(_Section):
     """Keyword arguments passed to the environment's ``parallel_env``."""
 
 
+class LLMBuildConfig(_Section):
+    """A small GPT-2 built from this config (no model directory needed): its vocabulary is
+    every word the manager's prompts can hold."""
+
+    layers: int = Field(2, ge=1, le=48)
+    """Transformer blocks."""
+    width: int = Field(64, ge=4, le=8192)
+    """Embedding width (divisible by ``heads``)."""
+    heads: int = Field(2, ge=1, le=128)
+    """Attention heads."""
+    context: int = Field(512, ge=16, le=32768)
+    """Positions: the longest prompt plus an option's name."""
+    seed: int = 0
+    """Seed of the initial weights."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> LLMBuildConfig:
+        if self.width % self.heads:
+            raise ValueError(f"`width` ({self.width}) must be divisible by `heads` ({self.heads})")
+        return self
+
+
+class LLMManagerConfig(_Section):
+    """The LLM manager (``manager.kind: llm``): a causal LM that picks among the eligible
+    options by the log-probability of their names after a text view of the decision."""
+
+    model: str | None = None
+    """A local model directory (``save_pretrained`` of a causal LM and its tokenizer); never a hub name."""
+    build: LLMBuildConfig | None = None
+    """Build a small GPT-2 from this config instead of loading ``model``."""
+    engine: Literal["transformers", "vllm"] = "transformers"
+    """Who scores the options in rollouts: the policy's own torch module (``transformers``), or
+    vLLM on a GPU, its weights replaced at each policy version."""
+    ref_kl_coef: float = Field(0.05, ge=0.0)
+    """Weight of KL(π ‖ π_ref) in the loss, π_ref the frozen initial model, over the eligible options."""
+    descriptions: bool = True
+    """List each eligible option's description in the prompt, not only its name."""
+    render: str | None = None
+    """``module:callable`` of a decision (or recorded call) → text, added to the prompt (the
+    observation as text; default: none)."""
+    max_prompt_tokens: int = Field(480, ge=8, le=32768)
+    """Longer prompts keep their last tokens (the eligible options and the cue)."""
+
+    @model_validator(mode="after")
+    def _one_model(self) -> LLMManagerConfig:
+        if (self.model is None) == (self.build is None):
+            raise ValueError("give exactly one of `model` (a local model directory) and `build` (a small model "
+                             f"built from config); got model={self.model!r}, build={self.build!r}")
+        return self
+
+
 class ManagerConfig(_Section):
     hidden: int = Field(128, ge=4, le=4096)
     """Width of each layer-normalised hidden layer."""
@@ -60,19 +111,28 @@ class ManagerConfig(_Section):
     """Size of the agent-id embedding shared parameters use to tell agents apart."""
     centralised_critic: bool = False
     """Value the global ``state()`` (shared by all agents) instead of each agent's features."""
-    kind: Literal["learned", "flat", "random", "oracle", "scripted"] = "learned"
+    kind: Literal["learned", "flat", "llm", "random", "oracle", "scripted"] = "learned"
     """``learned`` trains the manager over options; ``flat`` trains the same policy over
-    primitive actions (the flat-PPO baseline); ``random``, ``oracle`` (a built-in env's) and
-    ``scripted`` (``policy``) do not learn."""
+    primitive actions (the flat-PPO baseline); ``llm`` trains a causal LM over options
+    (``llm``); ``random``, ``oracle`` (a built-in env's) and ``scripted`` (``policy``) do not learn."""
     policy: str | None = None
     """``module:callable`` building a reference manager (anything with ``decide``) from any of
     ``env``, ``library`` by name: the ``scripted`` manager, or an oracle for any env."""
+    llm: LLMManagerConfig | None = None
+    """The LLM manager's model and prompt (``kind: llm``)."""
 
     @model_validator(mode="after")
     def _scripted_has_a_policy(self) -> ManagerConfig:
         if self.kind == "scripted" and self.policy is None:
             raise ValueError("`kind` 'scripted' needs `policy`: a 'module:callable' that builds the manager")
+        if self.kind == "llm" and self.llm is None:
+            raise ValueError("`kind` 'llm' needs `llm`: a `model` directory or a `build` config")
         return self
+
+    @property
+    def learns(self) -> bool:
+        """Whether this manager is trained (``learned``, ``flat``, ``llm``)."""
+        return self.kind in ("learned", "flat", "llm")
 
 
 class CreditConfig(_Section):
@@ -473,6 +533,17 @@ class ExperimentConfig(_Section):
                 f"`train.episodes_per_iteration` ({self.train.episodes_per_iteration}) must be a multiple of the "
                 f"group size, `roles.explorers` ({self.roles.explorers}) + `roles.executors` "
                 f"({self.roles.executors}) = {self.group_size}: one group of episodes per task seed")
+        return self
+
+    @model_validator(mode="after")
+    def _llm_explores_by_sampling(self) -> ExperimentConfig:
+        if self.manager.kind != "llm":
+            return self
+        for role in ("explorer", "executor"):
+            if getattr(self.roles, f"{role}s") and getattr(self.roles, f"{role}_noise").kind == "param":
+                raise ValueError(f"`roles.{role}_noise.kind` is 'param', but parameter noise perturbs the MLP "
+                                 "manager's weights; the LLM manager (`manager.kind: llm`) explores by sampling: "
+                                 "use none, epsilon or temperature")
         return self
 
     @property

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gyre_ma import batch as B
+from gyre_ma.agents.manager import ManagerPolicy
 from gyre_ma.agents.noise import RoleNoise, role_exploration
 from gyre_ma.backends import make_backend
 from gyre_ma.backends.worker import RolloutKit, policy_weights
@@ -66,7 +67,7 @@ class Gyre:
 
     @property
     def learns(self) -> bool:
-        return self.config.manager.kind in ("learned", "flat")
+        return self.config.manager.learns
 
     # ---------------------------------------------------------------- A: rollout
     def weights(self) -> Any:
@@ -110,7 +111,8 @@ class Gyre:
         """B and C: the trajectories segmented at verified milestones and scored into one
         tensor batch of option-level advantages and critic targets."""
         return build_batch(trajectories, segment(trajectories, self.env.possible_agents), config=self.config,
-                           featurizer=self.featurizer, state_scaler=self.state_scaler, names=self.library.graph.names)
+                           featurizer=self.featurizer, state_scaler=self.state_scaler, names=self.library.graph.names,
+                           inputs=getattr(self.policy, "batch_inputs", None))
 
     # ---------------------------------------------------------------- D: update
     def update(self, batch: B.Batch, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -127,7 +129,7 @@ class Gyre:
             self.learner.set_lr_scale(lr_scale)
         metrics = self.learner.fit(batch, trajectories)
         self.noise.observe(batch[B.FEATURES], batch[B.AGENT], batch[B.MASK])
-        metrics |= self.noise.update(self.policy)
+        metrics |= self.noise.update(self.policy if isinstance(self.policy, ManagerPolicy) else None)
         self.version += 1
         if self.checkpoints is not None:  # the state before this update is the one in ``latest``
             self.checkpoints.after_update(None, kl=metrics.get("kl"), step_size=metrics["update_step_size"],

@@ -15,6 +15,7 @@ at the cap look like a success to the local credit and the critic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -112,9 +113,11 @@ def anchor_states(trajectories: list[Trajectory], seg: Segments, features: np.nd
 
 
 def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: ExperimentConfig, featurizer: Featurizer,
-                state_scaler: StateScaler | None, names: tuple[str, ...]) -> B.Batch:
+                state_scaler: StateScaler | None, names: tuple[str, ...],
+                inputs: Callable[[list[OptionCall]], B.Batch] | None = None) -> B.Batch:
     """C: option-level advantages and critic targets for the segmented ``trajectories``, one
-    tensor per key, a row per option call; each row's last call ends it (module docstring)."""
+    tensor per key, a row per option call; each row's last call ends it (module docstring).
+    ``inputs`` adds the keys a policy reads besides the features (the LLM manager's prompts)."""
     R, T = len(seg.calls), seg.width
     f32 = dict(dtype=torch.float32)
     rewards, values = torch.zeros(R, T, **f32), torch.zeros(R, T, **f32)
@@ -154,6 +157,8 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
     extra = {}
     if state_scaler is not None:
         extra[B.STATE] = torch.from_numpy(np.stack([state_scaler(c.state) for c in flat]))
+    if inputs is not None:
+        extra |= inputs(flat)
     return extra | {
         B.FEATURES: torch.from_numpy(features),
         B.AGENT: torch.tensor([c.agent_index for c in flat], dtype=torch.long),

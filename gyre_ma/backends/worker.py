@@ -109,7 +109,10 @@ class RolloutKit:
     _envs: dict[int, Any] = field(default_factory=dict, repr=False)
     """Each slot's env, made as needed."""
     _fixed: dict[int, Manager] = field(default_factory=dict, repr=False)
+    llm_engine: str | None = None
+    """Who scores the LLM manager's options in rollouts: ``transformers`` (its module) or ``vllm``."""
     _actor: PolicyActor | None = field(default=None, repr=False)
+    _vllm: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._envs[0] = self.env
@@ -134,7 +137,7 @@ class RolloutKit:
             from gyre_ma.rewards.scorer import RewardScorer
 
             kit.rules = RewardScorer(rewards, library.graph, option_names=library.names)
-        if m.kind in ("learned", "flat"):
+        if m.learns:
             with torch.random.fork_rng():  # initial weights are overwritten; leave the caller's RNG alone
                 kit._build_modules(config, agents)
         elif m.kind in ("oracle", "scripted"):
@@ -145,8 +148,14 @@ class RolloutKit:
         """Featurizer, policy and critic shaped as the learner's."""
         m = config.manager
         self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library, len(agents))
-        self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents), hidden=m.hidden,
-                                    layers=m.layers, agent_embedding=m.agent_embedding)
+        if m.kind == "llm":
+            from gyre_ma.llm.manager import LLMManagerPolicy
+
+            self.policy = LLMManagerPolicy.from_config(m.llm, self.library, agents)
+            self.llm_engine = m.llm.engine
+        else:
+            self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents), hidden=m.hidden,
+                                        layers=m.layers, agent_embedding=m.agent_embedding)
         if getattr(m, "centralised_critic", False):
             self.state_scaler = StateScaler(self.env.state_space)
         inputs = self.state_scaler.dim if self.state_scaler else self.featurizer.dim
@@ -177,6 +186,8 @@ class RolloutKit:
                 raise ValueError(f"manager kind {self.manager_kind!r} needs weights with a 'policy' "
                                  f"state_dict for version {version}, got {got}")
             self.policy.load_state_dict(weights["policy"])
+            if self._vllm is not None:  # vLLM serves the manager: its weights replaced in place
+                self._vllm.load_weights(self.policy.model.state_dict())
             if "critic" in weights and self.critic is not None:
                 self.critic.load_state_dict(weights["critic"])
         self.version = version
@@ -200,10 +211,20 @@ class RolloutKit:
         """Who decides in this kit's slots: the learned manager batched, else one manager per slot."""
         if self.learns:
             if self._actor is None:
-                self._actor = PolicyActor(self.policy, self.featurizer, critic=self.critic,
-                                          state_scaler=self.state_scaler, slots=self.num_envs)
+                self._actor = self._make_actor()
             return PolicyDeciders(self._actor)
         return ManagerDeciders(self._slot_manager)
+
+    def _make_actor(self) -> PolicyActor:
+        if self.llm_engine is None:
+            return PolicyActor(self.policy, self.featurizer, critic=self.critic, state_scaler=self.state_scaler,
+                               slots=self.num_envs)
+        from gyre_ma.llm.manager import LLMActor
+
+        if self.llm_engine == "vllm" and self._vllm is None:
+            self._vllm = self.policy.vllm_engine()
+        return LLMActor(self.policy, self.featurizer, critic=self.critic, state_scaler=self.state_scaler,
+                        slots=self.num_envs, engine=self._vllm)
 
     def _slot_manager(self, slot: int, task: RolloutTask, version: int, env: Any) -> Manager:
         if self.manager_kind == "random":

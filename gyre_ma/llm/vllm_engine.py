@@ -14,7 +14,7 @@ transformers engine where a GPU and vLLM are present.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,18 @@ class VLLMEngine:
         self.vllm = vllm
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.start = start_token(self.tokenizer, path)
+        llm_options.setdefault("worker_extension_cls", f"{__name__}.WeightLoader")
         self.llm = vllm.LLM(model=str(path), tokenizer=str(path), dtype=dtype,
                             gpu_memory_utilization=gpu_memory_utilization, **llm_options)
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        """Replace the served model's weights in place (Hugging Face parameter names, as a
+        ``state_dict`` of the same architecture has them): vLLM's worker-extension and
+        ``collective_rpc`` route for online RL, then its prefix cache is dropped (it holds
+        keys and values of the old weights)."""
+        items = [(name, tensor.detach().cpu()) for name, tensor in weights.items()]
+        self.llm.collective_rpc("gyre_load_weights", args=(items,))
+        self.llm.reset_prefix_cache()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -62,3 +72,13 @@ class VLLMEngine:
                                           stop=[s for s in stop if s] or None, skip_special_tokens=True)
         requests = [{"prompt_token_ids": [self.start] + self._encode(p)} for p in prompts]
         return [r.outputs[0].text for r in self.llm.generate(requests, params, use_tqdm=False)]
+
+
+class WeightLoader:
+    """Mixed into each vLLM worker (``worker_extension_cls``): loads weights sent by
+    :meth:`VLLMEngine.load_weights` into the worker's model."""
+
+    def gyre_load_weights(self, weights: list[tuple[str, Any]]) -> None:
+        device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
+        self.model_runner.model.load_weights(  # type: ignore[attr-defined]
+            weights=[(name, tensor.to(device)) for name, tensor in weights])

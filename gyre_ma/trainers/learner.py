@@ -36,8 +36,11 @@ class Learner:
         self.policy, self.critic = policy, critic
         self.epochs, self.minibatch_size, self.gamma = t.epochs, t.minibatch_size, config.credit.gamma
         self.fitter = Fitter.from_config(config.trainer)
+        llm = config.manager.llm if config.manager.kind == "llm" else None
         self.manager_module = self.fitter.setup(ManagerModule(
-            policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef))
+            policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef,
+            reference=policy.frozen_copy() if llm is not None else None,
+            ref_kl_coef=llm.ref_kl_coef if llm is not None else 0.0))
         self.critic_module = self.fitter.setup(
             CriticModule(critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
         self.lrs = (t.lr, t.critic_lr)
@@ -72,9 +75,20 @@ class Learner:
         metrics = {"forced_decisions": float(1.0 - choices.float().mean())} if len(choices) else {}
         if bool(choices.any()):
             decided = batch if bool(choices.all()) else {k: v[choices] for k, v in batch.items()}
+            if self.manager_module.module.reference is not None:
+                decided = decided | {B.REF_LOGITS: self._reference_logits(decided)}
             metrics |= self.fitter.fit(self.manager_module, decided, **options)
         metrics |= self.fitter.fit(self.critic_module, batch, **options)
         return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
+
+    def _reference_logits(self, batch: B.Batch) -> torch.Tensor:
+        """The frozen reference's logits of every row, a minibatch's worth at a time, on the CPU."""
+        n = batch[B.OPTION].shape[0]
+        module = self.manager_module.module
+        with self.fitter.fabric.autocast():
+            return torch.cat([module.reference_logits(self.fitter.to_learner(
+                {k: v[at:at + self.minibatch_size] for k, v in batch.items()})).cpu()
+                for at in range(0, n, self.minibatch_size)])
 
     def state_dict(self) -> dict[str, Any]:
         manager_opt, critic_opt = self.optimizers

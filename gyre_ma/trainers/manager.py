@@ -10,18 +10,27 @@ import math
 
 import lightning as L
 import torch
+from torch import nn
 
 from gyre_ma import batch as B
 from gyre_ma.agents.manager import ManagerPolicy
+from gyre_ma.agents.noise import masked_kl
 from gyre_ma.trainers.losses import approx_kl, clipped_surrogate
 
 
 class ManagerModule(L.LightningModule):
-    def __init__(self, policy: ManagerPolicy, *, lr: float, clip: float, entropy_coef: float,
-                 kl_coef: float, max_grad_norm: float = 0.5, normalize_advantage: bool = True) -> None:
+    """The clipped surrogate on any policy with ``batch_logits(batch)`` → masked logits:
+    the MLP manager (features) or the LLM manager (prompts). With a ``reference`` policy
+    (the LLM manager's frozen initial model), ``ref_kl_coef`` · KL(π ‖ π_ref) over the
+    eligible options joins the loss."""
+
+    def __init__(self, policy: ManagerPolicy | nn.Module, *, lr: float, clip: float, entropy_coef: float,
+                 kl_coef: float, max_grad_norm: float = 0.5, normalize_advantage: bool = True,
+                 reference: nn.Module | None = None, ref_kl_coef: float = 0.0) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.policy = policy
+        self.reference, self.ref_kl_coef = reference, ref_kl_coef
         self.lr, self.clip = lr, clip
         self.entropy_coef, self.kl_coef = entropy_coef, kl_coef
         self.max_grad_norm = max_grad_norm
@@ -30,13 +39,20 @@ class ManagerModule(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.policy.parameters(), lr=self.lr, eps=1e-5)
 
+    @torch.no_grad()
+    def reference_logits(self, batch: B.Batch) -> torch.Tensor:
+        """The reference policy's masked logits of a (learner-side) minibatch: computed once
+        per update, before the epochs (the reference does not move)."""
+        return self.reference.batch_logits(batch).float()
+
     def training_step(self, batch: B.Batch, batch_idx: int = 0) -> dict[str, float]:
         """One clipped-surrogate step on a minibatch; returns float metrics.
 
         A non-finite loss skips the step (parameters unchanged) and reports ``skipped``.
         """
         opt = self.optimizers()
-        dist = self.policy.distribution(batch[B.FEATURES], batch[B.AGENT], batch[B.MASK])
+        logits = self.policy.batch_logits(batch)
+        dist = torch.distributions.Categorical(logits=logits)
         log_prob = dist.log_prob(batch[B.OPTION])
         advantage = batch[B.ADVANTAGE]
         if self.normalize_advantage and advantage.numel() > 1:
@@ -47,6 +63,11 @@ class ManagerModule(L.LightningModule):
         entropy = dist.entropy().mean()
         kl = approx_kl(log_prob=log_prob, old_log_prob=batch[B.LOG_PROB])
         loss = surrogate - self.entropy_coef * entropy + self.kl_coef * kl
+        extra = {}
+        if self.reference is not None:
+            ref_kl = masked_kl(logits_p=logits, logits_q=batch[B.REF_LOGITS], mask=batch[B.MASK]).mean()
+            loss = loss + self.ref_kl_coef * ref_kl
+            extra["ref_kl"] = ref_kl.item()
         if not torch.isfinite(loss):
             return {"policy_loss": math.nan, "skipped": 1.0}
         opt.zero_grad()
@@ -57,4 +78,4 @@ class ManagerModule(L.LightningModule):
         return {
             "policy_loss": surrogate.item(), "entropy": entropy.item(), "kl": kl.item(),
             "clip_fraction": clip_frac.item(), "skipped": 0.0,
-        }
+        } | extra

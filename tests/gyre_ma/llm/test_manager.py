@@ -1,0 +1,185 @@
+"""The LLM manager (issue #21, part 3): a causal LM scoring the eligible options' names
+after a text view of the decision, trained online by the same loop with a KL penalty to
+a frozen reference, its weights pushed to the rollout workers at each policy version."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
+
+from gyre_ma import batch as B  # noqa: E402
+from gyre_ma.agents.manager import Critic, Featurizer  # noqa: E402
+from gyre_ma.agents.noise import NoiseSetting  # noqa: E402
+from gyre_ma.backends.worker import RolloutKit, policy_weights  # noqa: E402
+from gyre_ma.config import ConfigError, load_config, parse_config  # noqa: E402
+from gyre_ma.llm.hf import TransformersEngine  # noqa: E402
+from gyre_ma.llm.manager import CUE, DecisionText, LLMActor, LLMManagerPolicy  # noqa: E402
+from gyre_ma.llm.tiny import build_tiny_model  # noqa: E402
+from gyre_ma.loop import Gyre  # noqa: E402
+from gyre_ma.options.decision import Decision  # noqa: E402
+from gyre_ma.options.graph import TaskGraph  # noqa: E402
+from gyre_ma.options.library import OptionLibrary  # noqa: E402
+from gyre_ma.options.option import Option  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+LLM_QUICKSTART = ROOT / "configs" / "llm_quickstart.yaml"
+SMALL = {"train.iterations": 2, "train.episodes_per_iteration": 8, "train.max_steps": 80, "roles.evaluators": 2,
+         "manager.llm.build.width": 32, "monitor.spot_checks": 0}
+
+
+def _library(names: list[str]) -> OptionLibrary:
+    graph = TaskGraph.from_spec({"milestones": {"a": {}, "b": {"requires": ["a"]}}, "goals": ["b"]})
+    library = OptionLibrary("words", graph)
+    for name in names:
+        library.add(Option(name, lambda ctx: 0, None, done=lambda ctx: True, description=f"do {name}"))
+    return library
+
+
+def _decision(mask, *, agent="agent_0", achieved=("a",), last=-1, others=()):
+    return Decision(agent=agent, agent_index=0, observation=None, mask=np.asarray(mask, dtype=bool),
+                    achieved=frozenset(achieved), last_option=last, time_fraction=0.25, env=None, others=others)
+
+
+def _policy(tmp_path, names):
+    library = _library(names)
+    text = DecisionText(library)
+    path = build_tiny_model(tmp_path / "m", text.vocabulary(library, ["agent_0", "agent_1"]), layers=2, width=32)
+    return LLMManagerPolicy._load(path, text, 200, str(path)), path
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["one pass per prompt", "one row per eligible option"])
+def test_an_options_logit_is_the_log_probability_of_its_name_and_ineligible_ones_are_zero(tmp_path, single):
+    names = ["left", "right", "wait"]
+    policy, path = _policy(tmp_path, names)
+    assert policy.single  # a word-level vocabulary: every name one token
+    policy.single = single  # the path names of several tokens take (a user's BPE model), on the same model
+    decisions = [_decision([1, 0, 1]), _decision([1, 1, 1], last=2, others=(0,), achieved=())]
+    texts = [policy.text(d) for d in decisions]
+    assert all(t.endswith(CUE) for t in texts)
+    assert "right" not in texts[0].split("options :")[1]  # an ineligible option is not even listed
+    assert "right" in texts[1].split("options :")[1] and "last : wait" in texts[1] and "others : " in texts[1]
+    prompt, lengths = policy.encode(texts)
+    with torch.no_grad():
+        logits = policy(prompt, lengths, torch.tensor(np.stack([d.mask for d in decisions])))
+    engine = TransformersEngine(path)
+    for row, (d, text) in enumerate(zip(decisions, texts, strict=True)):
+        eligible = np.flatnonzero(d.mask)
+        expected = engine.score([text], [[f" {names[k]}" for k in eligible]])[0]
+        np.testing.assert_allclose(logits[row, eligible].numpy(), expected, rtol=1e-4, atol=1e-4)
+        probs = torch.distributions.Categorical(logits=logits[row]).probs
+        assert probs[~torch.from_numpy(d.mask)].eq(0).all() and float(probs.sum()) == pytest.approx(1.0)
+
+
+def test_the_actor_samples_per_episode_and_greedy_takes_the_most_likely_untried(tmp_path):
+    policy, _ = _policy(tmp_path, ["left", "right", "wait"])
+    featurizer = Featurizer(gym.spaces.Box(0.0, 1.0, (2,)), _library(["left", "right", "wait"]), 2)
+    actor = LLMActor(policy, featurizer, critic=Critic(featurizer.dim, 2), slots=2)
+    d = [_decision([1, 1, 1], achieved=()) for _ in range(2)]
+    d = [Decision(**{**vars(x), "observation": np.zeros(2, np.float32)}) for x in d]
+    runs = []
+    for _ in range(2):
+        actor.begin(0, NoiseSetting(), seed=7)
+        actor.begin(1, NoiseSetting("epsilon", 0.5), seed=8)
+        runs.append([(c.option, round(c.log_prob, 6)) for _ in range(6) for c in actor.decide([0, 1], d)])
+    assert runs[0] == runs[1]  # an episode's choices follow its seed
+    actor.begin(0, NoiseSetting(), seed=7, greedy=True)
+    with torch.no_grad():
+        prompt, lengths = policy.encode([policy.text(d[0])])
+        order = policy(prompt, lengths, torch.ones(1, 3, dtype=torch.bool))[0].argsort(descending=True).tolist()
+    picks = [actor.decide([0], d[:1])[0].option for _ in range(3)]
+    assert picks == order  # the argmax, then the next untried one (milestones unchanged)
+    with pytest.raises(ValueError, match="parameter noise is for the MLP manager"):
+        actor.begin(1, NoiseSetting("param", 0.1), seed=1)
+
+
+def test_llm_configs_are_checked_and_name_the_key():
+    base = {"manager": {"kind": "llm"}}
+    with pytest.raises(ConfigError, match="'llm' needs `llm`"):
+        parse_config(base)
+    with pytest.raises(ConfigError, match="exactly one of `model`"):
+        parse_config({"manager": {"kind": "llm", "llm": {"model": "x", "build": {}}}})
+    with pytest.raises(ConfigError, match="roles.explorer_noise.kind"):
+        parse_config({"manager": {"kind": "llm", "llm": {"build": {}}}})  # the default explorers use param noise
+    with pytest.raises(ConfigError, match="divisible by `heads`"):
+        parse_config({"manager": {"kind": "llm", "llm": {"build": {"width": 30, "heads": 4}}}})
+    config = load_config(LLM_QUICKSTART, {"manager.llm.build": None, "manager.llm.model": "/no/such/model"})
+    with pytest.raises(ValueError, match="is not a local directory"):
+        RolloutKit.from_config(config)
+
+
+def test_the_llm_manager_trains_online_with_a_kl_penalty_to_a_frozen_reference(tmp_path):
+    config = load_config(LLM_QUICKSTART, SMALL | {"run_root": str(tmp_path)})
+    gyre = Gyre(config, tmp_path / "run")
+    reference = gyre.learner.manager_module.module.reference
+    start = {k: v.clone() for k, v in gyre.policy.state_dict().items()}
+    history = [gyre.iteration(i) for i in range(2)]
+    assert all(m["update_skipped"] == 0.0 and m["update_step_size"] > 0 for m in history)
+    assert history[0]["ref_kl"] >= 0 and history[1]["ref_kl"] > 0  # the policy moved away from the reference
+    for name, value in reference.state_dict().items():  # the reference did not move
+        assert torch.equal(value, start[name]), name
+    calls = [c for t in gyre.rollout(2)[0] for c in t.calls]
+    assert all(c.policy_version == 2 for c in calls)
+    # a worker built from the config and given the learner's weights decides as the learner's policy does
+    kit = RolloutKit.from_config(config)
+    kit.load(policy_weights(gyre.policy, gyre.critic), 2)
+    d = calls[0]
+    prompt, lengths = gyre.policy.encode([gyre.policy.text(d)])
+    mask = torch.from_numpy(d.mask)[None]
+    with torch.no_grad():
+        assert torch.allclose(kit.policy(prompt, lengths, mask), gyre.policy(prompt, lengths, mask))
+    gyre.close()
+
+
+def test_same_config_and_seed_give_the_same_llm_run():
+    config = load_config(LLM_QUICKSTART, SMALL | {"train.iterations": 1})
+    runs = []
+    for _ in range(2):
+        gyre = Gyre(config)
+        m = gyre.iteration(0)
+        runs.append(({k: v for k, v in m.items() if not k.endswith("seconds")},
+                     [p.detach().clone() for p in gyre.policy.parameters()]))
+        gyre.close()
+    assert json.dumps(runs[0][0], sort_keys=True) == json.dumps(runs[1][0], sort_keys=True)
+    assert all(torch.equal(p, q) for p, q in zip(runs[0][1], runs[1][1], strict=True))
+
+
+def test_train_then_eval_an_llm_manager_from_the_cli(tmp_path):
+    cmd = [sys.executable, "-m", "gyre_ma.cli", "train", str(LLM_QUICKSTART), "--set", f"run_root={tmp_path}"]
+    for key, value in SMALL.items():
+        cmd += ["--set", f"{key}={value}"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    final = tmp_path / "llm_quickstart" / "checkpoints" / "final.pt"
+    metrics = tmp_path / "eval.json"
+    subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(final), "--episodes", "4", "--json", str(metrics)],
+                   check=True, capture_output=True, text=True, timeout=600)
+    assert 0.0 <= json.loads(metrics.read_text())["success_rate"] <= 1.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
+                    reason="vLLM scores the LLM manager's options only on a CUDA GPU with the vllm extra; "
+                           "this machine has neither")
+def test_vllm_scores_the_managers_options_as_its_module_does_after_a_weight_push(tmp_path):
+    policy, _ = _policy(tmp_path, ["left", "right", "wait"])
+    engine = policy.vllm_engine(gpu_memory_utilization=0.2)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    engine.load_weights(policy.model.state_dict())
+    d = _decision([1, 0, 1])
+    text = policy.text(d)
+    prompt, lengths = policy.encode([text])
+    with torch.no_grad():
+        mine = policy(prompt, lengths, torch.from_numpy(d.mask)[None])[0, [0, 2]].numpy()
+    theirs = engine.score([text], [[" left", " wait"]])[0]
+    np.testing.assert_allclose(theirs, mine, atol=2e-2)
+    assert B.PROMPT in policy.batch_inputs([d])

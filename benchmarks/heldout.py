@@ -9,6 +9,10 @@ with the held-out validation the learner saw during training.
 
     python benchmarks/heldout.py --config configs/quickstart.yaml --seeds 3 --jobs 2 \
         > benchmarks/results/quickstart_heldout.json
+
+``--curve-every K`` also judges the policy every K iterations on ``--curve-episodes``
+held-out seeds (a range of their own), sampled and greedy: a learning curve against env
+steps and training wall time (the time spent judging is not counted).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def _judge(gyre: Any, seeds: list[int]) -> dict[str, Any]:
     return out
 
 
-def run(config_path: str, seed: int, eval_seeds: list[int]) -> dict[str, Any]:
+def run(config_path: str, seed: int, eval_seeds: list[int], curve_every: int = 0,
+        curve_seeds: list[int] | None = None) -> dict[str, Any]:
     import torch
 
     from gyre_ma.config import load_config
@@ -48,9 +53,15 @@ def run(config_path: str, seed: int, eval_seeds: list[int]) -> dict[str, Any]:
     torch.set_num_threads(1)
     cfg = load_config(config_path, {"seed": seed, "run_root": tempfile.mkdtemp(prefix="gyre-heldout-")})
     gyre = Gyre(cfg, cfg.run_dir)
-    start = time.perf_counter()
-    history = [gyre.iteration(i) for i in range(cfg.train.iterations)]
-    seconds = time.perf_counter() - start
+    history, curve, seconds = [], [], 0.0
+    for i in range(cfg.train.iterations):
+        start = time.perf_counter()
+        history.append(gyre.iteration(i))
+        seconds += time.perf_counter() - start
+        if curve_every and ((i + 1) % curve_every == 0 or i + 1 == cfg.train.iterations):
+            judged = _judge(gyre, curve_seeds)
+            curve.append({"iteration": i + 1, "env_steps": gyre.env_steps, "train_seconds": seconds,
+                          "sampled": judged["sampled"]["success"], "greedy": judged["greedy"]["success"]})
     last = history[-3:]
 
     def mean(key: str) -> float | None:
@@ -62,6 +73,8 @@ def run(config_path: str, seed: int, eval_seeds: list[int]) -> dict[str, Any]:
            "validation_sampled_last3": mean("validation/sampled_success"),
            "validation_greedy_last3": mean("validation/greedy_success"),
            "rollbacks": len(gyre.checkpoints.rollbacks), "final": _judge(gyre, eval_seeds)}
+    if curve:
+        out["curve"] = curve
     if gyre.checkpoints.has("best"):
         gyre.load_state_dict(gyre.checkpoints.load("best"))
         out["best"] = _judge(gyre, eval_seeds)
@@ -76,12 +89,20 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=200)
     p.add_argument("--eval-seed", type=int, default=3_000_000)
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--curve-every", type=int, default=0, help="judge every K iterations (0: only at the end)")
+    p.add_argument("--curve-episodes", type=int, default=50)
     args = p.parse_args()
     eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
+    curve_seeds = list(range(args.eval_seed + 500_000, args.eval_seed + 500_000 + args.curve_episodes))
+    n = args.seeds
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        runs = list(pool.map(run, [args.config] * args.seeds, range(args.seeds), [eval_seeds] * args.seeds))
-    print(json.dumps({"benchmark": "heldout", "config": os.path.relpath(args.config, ROOT),
-                      "eval_seeds": [eval_seeds[0], eval_seeds[-1]], "runs": runs}))
+        runs = list(pool.map(run, [args.config] * n, range(n), [eval_seeds] * n, [args.curve_every] * n,
+                             [curve_seeds] * n))
+    out = {"benchmark": "heldout", "config": os.path.relpath(args.config, ROOT),
+           "eval_seeds": [eval_seeds[0], eval_seeds[-1]], "runs": runs}
+    if args.curve_every:
+        out["curve_seeds"] = [curve_seeds[0], curve_seeds[-1]]
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 
 pytest.importorskip("scienceworld", reason="the scienceworld extra is not installed")
 
@@ -106,15 +107,24 @@ def test_a_library_mixing_scripted_and_llm_options_trains_end_to_end(tmp_path):
                    render: {m}:observation_text, mode: score}}
         """))
     cfg = parse_config({
-        "seed": 0, "run_root": str(tmp_path / "runs"), "env": {"id": "scienceworld_v0",
-                                                               "kwargs": {"family": "find-animal", "max_cycles": 24}},
+        "seed": 0, "run_root": str(tmp_path / "runs"),
+        "env": {"id": "scienceworld_v0", "kwargs": {"family": "find-animal", "max_cycles": 24}},
         "library": str(library), "manager": {"hidden": 16},
-        "train": {"iterations": 1, "episodes_per_iteration": 4},
-        "checkpoints": {"validation_episodes": 2} if False else {},
+        "train": {"iterations": 2, "episodes_per_iteration": 4}, "rollout": {"num_envs": 4},
     })
     gyre = Gyre(cfg)
-    metrics, trajectories = gyre.iteration(0, return_trajectories=True)
-    assert len(trajectories) == 4 and sum(t.llm_requests for t in trajectories) > 0
-    assert all(t.policy_version == 0 or t.policy_version >= 0 for t in trajectories)
-    assert metrics["iteration"] == 0
+    from gyre_ma.llm.option import LLMPolicy
+    assert isinstance(gyre.library["go_to_box"].policy, LLMPolicy)
+    before = [p.detach().clone() for p in gyre.policy.parameters()]
+    history = []
+    for i in range(2):
+        metrics, trajectories = gyre.iteration(i, return_trajectories=True)
+        history.append(metrics)
+        assert len(trajectories) == 4
+    llm = gyre.library.index("go_to_box")
+    assert any(c.option == llm for t in trajectories for c in t.calls)  # the manager ran the LLM option
+    assert sum(t.llm_requests for t in trajectories) > 0
+    assert all(c.breakdown is not None for t in trajectories for c in t.calls)
+    assert any(not torch.equal(p, q) for p, q in zip(before, gyre.policy.parameters(), strict=True))
+    assert history[-1]["policy_version"] == 2
     gyre.close()

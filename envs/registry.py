@@ -37,6 +37,11 @@ ENVIRONMENTS: dict[str, EnvSpec] = {
         library="gyre_ma.envs.coverage.options:make_library",
         oracle="gyre_ma.envs.coverage.oracle:OracleManager",
     ),
+    "scienceworld_v0": EnvSpec(
+        env="gyre_ma.envs.scienceworld_env:make_env",
+        library="gyre_ma.envs.scienceworld_env:make_library",
+        oracle="gyre_ma.envs.scienceworld_env:OracleManager",
+    ),
 }
 
 

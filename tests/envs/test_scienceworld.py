@@ -1,0 +1,130 @@
+"""ScienceWorld's find families as a gyre env (issue #21, part 4): milestones from the
+simulator's own goal progress, text observations and actions, a scripted library with a
+trap, an oracle, and a library mixing scripted and LLM-backed options trained end to end."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("scienceworld", reason="the scienceworld extra is not installed")
+
+from gyre_ma.envs import scienceworld_env as sw  # noqa: E402
+from gyre_ma.envs.checks import check_env  # noqa: E402
+from gyre_ma.envs.registry import make_env, make_library, make_oracle  # noqa: E402
+from gyre_ma.roles import TRAINING_SEEDS, VALIDATION_SEEDS  # noqa: E402
+from gyre_ma.rollout import run_episode  # noqa: E402
+
+
+def test_check_env_passes():
+    report = check_env(lambda: sw.make_env("find-animal", max_cycles=12), seeds=(0,), n_steps=8)
+    assert report.unverifiable == ()  # every milestone is re-verified on the simulator's state
+    assert "parallel_seed_test" in report.pettingzoo_tests
+
+
+@pytest.mark.parametrize("family", sw.FAMILIES)
+def test_the_oracle_completes_held_out_variations(family):
+    env = make_env("scienceworld_v0", family=family)
+    library = make_library("scienceworld_v0", env)
+    oracle = make_oracle("scienceworld_v0", env, library)
+    for seed in (0, 5):
+        assert sw.variation(family, seed) in sw.variation_splits(family)["test"]
+        traj = run_episode(env, library, oracle, seed=seed)
+        raw = env.unwrapped
+        assert traj.success and raw.completed and raw.score == 100
+        assert env.verified_milestones() == {"focused", "picked_up", "at_box", "in_box"}
+        assert [library.names[c.option] for c in traj.calls] == list(sw.OracleManager.order)
+        assert traj.length <= 20
+
+
+def test_task_seeds_map_to_the_simulator_splits():
+    assert (sw.TRAINING_SEEDS, sw.VALIDATION_SEEDS) == (TRAINING_SEEDS, VALIDATION_SEEDS)
+    splits = sw.variation_splits("find-plant")
+    assert sw.variation("find-plant", TRAINING_SEEDS + 7) in splits["train"]
+    assert sw.variation("find-plant", VALIDATION_SEEDS + 7) in splits["dev"]
+    assert sw.variation("find-plant", 7) in splits["test"]
+    assert not set(splits["train"]) & (set(splits["dev"]) | set(splits["test"]))
+
+
+def test_milestones_come_from_the_simulator_not_the_agent_text():
+    env = sw.make_env("find-living-thing")
+    obs, _ = env.reset(seed=1)
+    assert set(obs["agent_0"]) == {"text", "room"} and "called the" in obs["agent_0"]["text"]
+    env.step({"agent_0": "focus on a living thing"})  # claiming it in text verifies nothing
+    env.step({"agent_0": "pick up object"})
+    assert env.verified_milestones() == frozenset()
+    progress = sw.parse_goal_progress(env.unwrapped._server.getGoalProgressStr())
+    assert [d for d, _ in progress["sequential"]] == ["focus on a living thing", "move living thing to answer box"]
+    assert ("Pick up object", False) in progress["optional"]
+
+
+def test_the_trap_fails_the_task_and_bad_input_is_named():
+    env = sw.make_env("find-animal")
+    library = sw.make_library()
+    trap = library.index("focus_first")
+
+    class Careless:
+        def decide(self, decisions):
+            from gyre_ma.options.decision import Choice
+            return [Choice(trap if d.mask[trap] else int(d.mask.nonzero()[0][0])) for d in decisions]
+
+    traj = run_episode(env, library, Careless(), seed=2)
+    assert not traj.success and env.unwrapped.failed and traj.length == 1
+    with pytest.raises(ValueError, match="family 'boil' is not wrapped; expected one of"):
+        sw.make_env("boil")
+    with pytest.raises(ValueError, match="max_cycles must be an int >= 1"):
+        sw.make_env(max_cycles=0)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="action of 'agent_0' must be a command string"):
+        env.step({"agent_0": 3})
+
+
+def test_a_library_mixing_scripted_and_llm_options_trains_end_to_end(tmp_path):
+    pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
+    from gyre_ma.config import parse_config
+    from gyre_ma.llm.tiny import build_tiny_model
+    from gyre_ma.loop import Gyre
+
+    words = "open door to go the kitchen hallway outside greenhouse bedroom living room bathroom workshop art " \
+            "studio foundry look around task observation admissible actions action".split()
+    model = build_tiny_model(tmp_path / "tiny", words + [":", ",", "."], layers=1, width=16)
+    library = tmp_path / "library.yaml"
+    m = "gyre_ma.envs.scienceworld_env"
+    library.write_text(textwrap.dedent(f"""\
+        name: scienceworld_mixed
+        graph: {m}:find_graph
+        options:
+          - {{name: focus_thing, milestone: focused, policy: {m}:focus_thing, max_steps: 12}}
+          - {{name: pick_up_thing, milestone: picked_up, policy: {m}:pick_up_thing, max_steps: 12}}
+          - {{name: put_in_box, milestone: in_box, policy: {m}:put_in_box, max_steps: 12}}
+          - name: go_to_box
+            kind: llm
+            milestone: at_box
+            max_steps: 4
+            llm: {{model: '{model}', actions: {m}:door_actions, to_action: {m}:action_text,
+                   render: {m}:observation_text, mode: score}}
+        """))
+    cfg = parse_config({
+        "seed": 0, "run_root": str(tmp_path / "runs"),
+        "env": {"id": "scienceworld_v0", "kwargs": {"family": "find-animal", "max_cycles": 24}},
+        "library": str(library), "manager": {"hidden": 16},
+        "train": {"iterations": 2, "episodes_per_iteration": 4}, "rollout": {"num_envs": 4},
+    })
+    gyre = Gyre(cfg)
+    from gyre_ma.llm.option import LLMPolicy
+    assert isinstance(gyre.library["go_to_box"].policy, LLMPolicy)
+    before = [p.detach().clone() for p in gyre.policy.parameters()]
+    history = []
+    for i in range(2):
+        metrics, trajectories = gyre.iteration(i, return_trajectories=True)
+        history.append(metrics)
+        assert len(trajectories) == 4
+    llm = gyre.library.index("go_to_box")
+    assert any(c.option == llm for t in trajectories for c in t.calls)  # the manager ran the LLM option
+    assert sum(t.llm_requests for t in trajectories) > 0
+    assert all(c.breakdown is not None for t in trajectories for c in t.calls)
+    assert any(not torch.equal(p, q) for p, q in zip(before, gyre.policy.parameters(), strict=True))
+    assert history[-1]["policy_version"] == 2
+    gyre.close()

@@ -46,6 +46,10 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
         library = make_library(config.env.id, env, config.library, config.library_kwargs)
         if config.manager.kind in ("oracle", "scripted"):
             make_oracle(config.env.id, env, library, config.manager.policy)
+        if config.manager.kind == "llm" and config.manager.llm.model is not None:
+            from gyre_ma.llm.engine import check_model_dir
+
+            check_model_dir(config.manager.llm.model, "manager.llm.model")
         return library, config
     return OptionLibrary.load(source), None
 

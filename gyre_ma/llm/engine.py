@@ -38,14 +38,14 @@ class LLMEngine(Protocol):
         ...
 
 
-def check_model_dir(path: str | Path) -> Path:
-    """A model must be a local directory holding a config (never a hub name)."""
+def check_model_dir(path: str | Path, key: str = "model") -> Path:
+    """A model must be a local directory holding a config (never a hub name); errors name ``key``."""
     p = Path(path)
     if not p.is_dir():
-        raise ValueError(f"model {str(path)!r} is not a local directory; gyre-ma loads models from disk only "
+        raise ValueError(f"{key}: {str(path)!r} is not a local directory; gyre-ma loads models from disk only "
                          "(save one with save_pretrained, or build one with gyre_ma.llm.tiny.build_tiny_model)")
     if not (p / "config.json").is_file():
-        raise ValueError(f"model directory {str(p)!r} has no config.json; expected a directory written by "
+        raise ValueError(f"{key}: model directory {str(p)!r} has no config.json; expected a directory written by "
                          "save_pretrained (model and tokenizer)")
     return p
 

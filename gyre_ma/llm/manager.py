@@ -128,7 +128,8 @@ class LLMManagerPolicy(nn.Module):
         render = resolve(config.render, "manager.llm.render") if config.render else None
         text = DecisionText(library, descriptions=config.descriptions, render=render)
         if config.model is not None:
-            return cls._load(check_model_dir(config.model), text, config.max_prompt_tokens, config.model)
+            return cls._load(check_model_dir(config.model, "manager.llm.model"), text, config.max_prompt_tokens,
+                             config.model)
         from gyre_ma.llm.tiny import build_tiny_model
 
         b = config.build

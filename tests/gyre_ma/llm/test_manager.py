@@ -113,8 +113,18 @@ def test_llm_configs_are_checked_and_name_the_key():
     with pytest.raises(ConfigError, match="divisible by `heads`"):
         parse_config({"manager": {"kind": "llm", "llm": {"build": {"width": 30, "heads": 4}}}})
     config = load_config(LLM_QUICKSTART, {"manager.llm.build": None, "manager.llm.model": "/no/such/model"})
-    with pytest.raises(ValueError, match="is not a local directory"):
+    with pytest.raises(ValueError, match="manager.llm.model: '/no/such/model' is not a local directory"):
         RolloutKit.from_config(config)
+
+
+def test_check_names_a_missing_manager_model(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(LLM_QUICKSTART.read_text().replace("build: {layers: 2, width: 64, heads: 2, context: 512}",
+                                                      "model: /no/such/model"))
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "check", str(bad)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2
+    assert "manager.llm.model: '/no/such/model' is not a local directory" in out.stderr
 
 
 def test_the_llm_manager_trains_online_with_a_kl_penalty_to_a_frozen_reference(tmp_path):

@@ -136,7 +136,7 @@ def test_yaml_mistakes_in_an_llm_option_are_named(tmp_path, model_dir):
         Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm", "policy": "a:b"}]})
     with pytest.raises(ValueError, match=r"options\[0\].llm: unknown key\(s\) \['modle'\]"):
         Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm", "llm": {"modle": "x", "actions": ["a"]}}]})
-    with pytest.raises(ValueError, match=r"options\[0\].llm: model .* is not a local directory"):
+    with pytest.raises(ValueError, match=r"options\[0\].llm: model: .* is not a local directory"):
         Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm", "llm": {"model": "gpt2", "actions": ["a"]}}]})
     with pytest.raises(ValueError, match=r"options\[0\]: 'llm' is for options of kind 'llm'"):
         Lib.from_spec(base | {"options": [{"name": "w", "policy": "a:b", "llm": {}}]})

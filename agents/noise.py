@@ -108,7 +108,8 @@ def masked_kl(*, logits_p: Tensor, logits_q: Tensor, mask: Tensor) -> Tensor:
     if logits_p.shape != logits_q.shape or logits_p.shape != mask.shape:
         raise ValueError(f"shapes differ: logits_p {tuple(logits_p.shape)}, logits_q "
                          f"{tuple(logits_q.shape)}, mask {tuple(mask.shape)}")
-    neg = torch.finfo(logits_p.dtype).min
+    logits_p, logits_q = logits_p.float(), logits_q.float()  # in 32 bits whatever the weights' precision
+    neg = torch.finfo(torch.float32).min
     log_p = logits_p.masked_fill(~mask, neg).log_softmax(-1)
     log_q = logits_q.masked_fill(~mask, neg).log_softmax(-1)
     terms = log_p.exp() * (log_p - log_q)

@@ -193,3 +193,12 @@ def test_vllm_scores_the_managers_options_as_its_module_does_after_a_weight_push
     theirs = engine.score([text], [[" left", " wait"]])[0]
     np.testing.assert_allclose(theirs, mine, atol=2e-2)
     assert B.PROMPT in policy.batch_inputs([d])
+
+
+def test_the_llm_manager_trains_in_bf16_through_the_trainer_config():
+    config = load_config(LLM_QUICKSTART, SMALL | {"train.iterations": 1, "trainer.precision": "bf16-true"})
+    gyre = Gyre(config)
+    m = gyre.iteration(0)
+    assert m["update_skipped"] == 0.0 and np.isfinite(m["ref_kl"]) and m["update_step_size"] > 0
+    assert next(gyre.learner.manager_module.parameters()).dtype == torch.bfloat16
+    gyre.close()

@@ -6,7 +6,10 @@ For each model size and batch size B in 1, 16, 64: decisions/s when the B decisi
 the engine in one ``score`` call, and when each goes alone (the same B decisions); and
 generated tokens/s of greedy ``generate`` for B prompts at once and one at a time. Models
 are built from a config (``gyre_ma.llm.tiny``) and loaded back from disk; CPU only here
-(``--device cuda`` where a GPU is). Prints one JSON object.
+(``--device cuda`` where a GPU is). The batched and one-at-a-time arms alternate over
+``--rounds`` rounds; a row gives each arm's median rate and the median of the per-round
+ratios, so a machine whose load changes during the run skews the ratio less. Prints one
+JSON object.
 
     python benchmarks/llm_engines.py > benchmarks/results/llm_engines.json
 """
@@ -36,29 +39,44 @@ def _prompt(rng: np.random.Generator) -> str:
     return " ".join(rng.choice(WORDS, size=40))
 
 
-def _rate(fn: Any, count: int, min_seconds: float) -> float:
-    """count / seconds per call of ``fn``, repeated for at least ``min_seconds``."""
-    fn()  # warm
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        spent = time.perf_counter() - start
-        if spent >= min_seconds:
-            return count * calls / spent
+def _rates(fns: list[Any], counts: list[int], min_seconds: float, rounds: int) -> list[list[float]]:
+    """Per round, count / seconds per call of each of ``fns`` (``counts[k]`` items a call), each
+    repeated for at least ``min_seconds / rounds`` in turn: the arms alternate, so a change of the
+    machine's load during the run falls on all of them alike rather than on whichever ran last."""
+    for fn in fns:
+        fn()  # warm
+    out: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, count, rates in zip(fns, counts, out):
+            calls, start = 0, time.perf_counter()
+            while True:
+                fn()
+                calls += 1
+                spent = time.perf_counter() - start
+                if spent >= min_seconds / rounds:
+                    rates.append(count * calls / spent)
+                    break
+    return out
+
+
+def _paired(fast: list[float], slow: list[float]) -> dict[str, float]:
+    """Median rates of two arms measured round by round, and the median of their per-round ratios."""
+    return {"fast": round(float(np.median(fast)), 1), "slow": round(float(np.median(slow)), 1),
+            "ratio": round(float(np.median(np.divide(fast, slow))), 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batches", default="1,16,64")
-    parser.add_argument("--min-seconds", type=float, default=2.0)
+    parser.add_argument("--min-seconds", type=float, default=2.0, help="per arm, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="batched and one-at-a-time alternate this many times")
     parser.add_argument("--new-tokens", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batches.split(",")]
     rng = np.random.default_rng(0)
-    out: dict[str, Any] = {"benchmark": "llm_engines", "device": args.device, "threads": 1,
+    out: dict[str, Any] = {"benchmark": "llm_engines", "device": args.device, "threads": 1, "rounds": args.rounds,
                            "candidates_per_decision": len(ACTIONS), "prompt_words": 40, "models": {}}
     for name, size in SIZES.items():
         engine = make_engine("transformers", build_tiny_model(tempfile.mkdtemp(), WORDS + ACTIONS, **size),
@@ -68,20 +86,18 @@ def main() -> None:
         for b in batches:
             prompts = [_prompt(rng) for _ in range(b)]
             cands = [ACTIONS] * b
-            batched = _rate(lambda: engine.score(prompts, cands), b, args.min_seconds)
-            alone = _rate(lambda: [engine.score([p], [ACTIONS]) for p in prompts], b, args.min_seconds)
+            score = _paired(*_rates([lambda: engine.score(prompts, cands),
+                                     lambda: [engine.score([p], [ACTIONS]) for p in prompts]], [b, b],
+                                    args.min_seconds, args.rounds))
             made = engine.generate(prompts, max_new_tokens=args.new_tokens)  # tokens actually generated (EOS ends some)
             tokens = sum(len(engine._encode(t)) for t in made)
-            gen_batched = _rate(lambda: engine.generate(prompts, max_new_tokens=args.new_tokens), tokens,
-                                args.min_seconds)
-            gen_alone = _rate(lambda: [engine.generate([p], max_new_tokens=args.new_tokens) for p in prompts],
-                              tokens, args.min_seconds)
-            rows.append({"batch": b, "score_decisions_per_s_batched": round(batched, 1),
-                         "score_decisions_per_s_one_at_a_time": round(alone, 1),
-                         "score_speedup": round(batched / alone, 2),
-                         "generate_tokens_per_s_batched": round(gen_batched, 1),
-                         "generate_tokens_per_s_one_at_a_time": round(gen_alone, 1),
-                         "generate_speedup": round(gen_batched / gen_alone, 2)})
+            gen = _paired(*_rates([lambda: engine.generate(prompts, max_new_tokens=args.new_tokens),
+                                   lambda: [engine.generate([p], max_new_tokens=args.new_tokens) for p in prompts]],
+                                  [tokens, tokens], args.min_seconds, args.rounds))
+            rows.append({"batch": b, "score_decisions_per_s_batched": score["fast"],
+                         "score_decisions_per_s_one_at_a_time": score["slow"], "score_speedup": score["ratio"],
+                         "generate_tokens_per_s_batched": gen["fast"], "generate_tokens_per_s_one_at_a_time": gen["slow"],
+                         "generate_speedup": gen["ratio"]})
         out["models"][name] = {"parameters": params, **size, "rows": rows}
     print(json.dumps(out))
 

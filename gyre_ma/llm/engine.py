@@ -74,24 +74,28 @@ def scoring_tokens(tokenizer: Any, start: int, prompts: Sequence[str],
                    candidates: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[list[int]]]]:
     """Each prompt's tokens (``start`` first) and, per prompt, each candidate's tokens as they
     fall after the prompt; where the boundary merged into one token, the candidate encoded
-    apart. One batched tokenizer call per kind of text (a fast tokenizer loops in Rust).
-    Every engine scores these same tokens."""
+    apart. At most three batched tokenizer calls (prompts, prompt + candidate texts, the
+    merged candidates apart): a fast tokenizer loops in Rust, and a call costs far more than
+    a text. Every engine scores these same tokens."""
     def encode(texts: list[str]) -> list[list[int]]:
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
-    heads = [[start] + ids for ids in encode(list(prompts))]
-    wholes = iter(encode([p + c for p, cands in zip(prompts, candidates) for c in cands]))
-    tails = []
-    for head, cands in zip(heads, candidates):
-        row = []
-        for cand in cands:
-            whole = [start] + next(wholes)
-            tail = whole[len(head):] if whole[:len(head)] == head and len(whole) > len(head) else encode([cand])[0]
-            if not tail:
-                raise ValueError(f"candidate {cand!r} encodes to no tokens")
-            row.append(tail)
-        tails.append(row)
-    return heads, tails
+    bodies = encode(list(prompts))
+    owner = [i for i, cands in enumerate(candidates) for _ in cands]
+    flat = [c for cands in candidates for c in cands]
+    tails: list[list[int]] = []
+    for i, whole in zip(owner, encode([prompts[i] + c for i, c in zip(owner, flat)])):
+        n = len(bodies[i])
+        tails.append(whole[n:] if len(whole) > n and whole[:n] == bodies[i] else [])
+    merged = [k for k, tail in enumerate(tails) if not tail]
+    for k, ids in zip(merged, encode([flat[k] for k in merged])):
+        if not ids:
+            raise ValueError(f"candidate {flat[k]!r} encodes to no tokens")
+        tails[k] = ids
+    grouped: list[list[list[int]]] = [[] for _ in prompts]
+    for i, tail in zip(owner, tails):
+        grouped[i].append(tail)
+    return [[start] + body for body in bodies], grouped
 
 
 def per_prompt(values: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:

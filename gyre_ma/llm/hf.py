@@ -2,10 +2,11 @@
 
 Every request starts with the tokenizer's BOS token (its EOS where it has none), in
 scoring and in generation alike, so a prompt may be empty and both operations condition
-on the same text. Scoring runs the prompts of a call once, left-padded in one forward
-pass, and then every candidate of every prompt in a second pass on its prompt's KV cache;
-generation left-pads the prompts and runs ``generate`` with its KV cache, stopping a row
-at its first stop string.
+on the same text. Scoring runs a call in one forward pass: each prompt once, left-padded,
+followed in its own row by all its candidates one after another, with a 4D attention mask
+and position ids that make each candidate see its prompt and nothing else; generation
+left-pads the prompts and runs ``generate`` with its KV cache, stopping a row at its first
+stop string.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class TransformersEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
         self.model.to(self.device).eval()
-        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        """The forward pass's KV-cache argument (``past_key_values`` before transformers 5.x renamed it)."""
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        """Whether the forward pass can skip the logits scoring does not read (``logits_to_keep``)."""
         tok = self.tokenizer
         self.start = start_token(tok, path)
         self.pad = int(tok.pad_token_id if tok.pad_token_id is not None else self.start)
@@ -54,6 +55,10 @@ class TransformersEngine:
     @torch.inference_mode()
     def score(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
         check_requests(prompts, candidates)
+        attention = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        if attention not in ("eager", "sdpa"):
+            raise ValueError(f"scoring packs each prompt's candidates behind it with a 4D attention mask, which needs "
+                             f"the 'eager' or 'sdpa' attention implementation; {str(self.path)!r} uses {attention!r}")
         heads, tails = scoring_tokens(self.tokenizer, self.start, prompts, candidates)
         out: list[np.ndarray] = []
         for at in range(0, len(heads), self.max_batch):
@@ -61,31 +66,49 @@ class TransformersEngine:
         return out
 
     def _score_chunk(self, heads: list[list[int]], tails: list[list[list[int]]]) -> list[np.ndarray]:
-        """Each prompt runs once (left-padded, its KV cache kept); its candidates then run
-        on copies of its cache (right-padded): the prompt is not recomputed per candidate."""
+        """One forward pass for the whole chunk. Row i is prompt i (left-padded, so every
+        prompt ends in the same column) followed by its candidates back to back (right-padded).
+        A candidate's tokens attend to their prompt and to their own earlier tokens, and their
+        positions go on from the prompt's end, so each is scored exactly as if it alone followed
+        the prompt; the prompt is computed once, and no KV cache is copied per candidate."""
         dev = self.device
         width = max(map(len, heads))
         ids = torch.tensor([[self.pad] * (width - len(h)) + h for h in heads], device=dev)
-        mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in heads], device=dev)
-        first = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                           use_cache=True)
-        owner = torch.tensor([i for i, ts in enumerate(tails) for _ in ts], device=dev)
-        flat = [t for ts in tails for t in ts]
-        span = max(map(len, flat))
-        cand = torch.tensor([t + [self.pad] * (span - len(t)) for t in flat], device=dev)
-        cand_mask = torch.tensor([[1] * len(t) + [0] * (span - len(t)) for t in flat], device=dev)
-        logp_first = torch.log_softmax(first.logits[:, -1].float(), dim=-1)[owner].gather(-1, cand[:, :1]).squeeze(-1)
-        total = logp_first
-        if span > 1:
-            cache = getattr(first, "cache", None) or first.past_key_values
-            cache.reorder_cache(owner)  # one copy of its prompt's cache per candidate
-            lengths = torch.tensor([len(h) for h in heads], device=dev)[owner]
-            rest = self.model(input_ids=cand[:, :-1], attention_mask=torch.cat([mask[owner], cand_mask[:, :-1]], -1),
-                              position_ids=lengths[:, None] + torch.arange(span - 1, device=dev),
-                              **{self._cache_arg: cache})
-            logp = torch.log_softmax(rest.logits.float(), dim=-1).gather(-1, cand[:, 1:, None]).squeeze(-1)
-            total = total + (logp * cand_mask[:, 1:]).sum(-1)
-        return per_prompt(total.double().cpu().numpy(), [len(ts) for ts in tails])
+        prompt = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in heads], device=dev, dtype=torch.bool)
+        # Per candidate token: its candidate, row, offset in its candidate and in its row's candidates.
+        lengths = torch.tensor([len(t) for ts in tails for t in ts], device=dev)
+        cand_row = torch.repeat_interleave(torch.arange(len(tails), device=dev),
+                                           torch.tensor([len(ts) for ts in tails], device=dev))
+        owner = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lengths)
+        row = cand_row[owner]
+        token = torch.arange(len(owner), device=dev)
+        in_cand = token - (lengths.cumsum(0) - lengths)[owner]
+        row_tokens = torch.zeros(len(tails), dtype=torch.long, device=dev).index_add_(0, cand_row, lengths)
+        in_row = token - (row_tokens.cumsum(0) - row_tokens)[row]
+        span = int(row_tokens.max())
+        column = width + in_row
+
+        ids = torch.cat([ids, torch.full((len(tails), span), self.pad, device=dev)], 1)
+        ids[row, column] = torch.tensor([t for ts in tails for tail in ts for t in tail], device=dev)
+        segment = torch.cat([prompt.long() - 1, torch.full((len(tails), span), -1, device=dev)], 1)
+        segment[row, column] = owner + 1  # -1 padding, 0 the prompt, else which candidate
+        positions = torch.cat([(prompt.cumsum(-1) - 1).clamp(min=0), torch.zeros(len(tails), span, device=dev,
+                                                                                   dtype=torch.long)], 1)
+        positions[row, column] = prompt.sum(-1)[row] + in_cand
+        query, key = segment[:, None, :, None], segment[:, None, None, :]
+        order = torch.arange(width + span, device=dev)
+        sees = (order[None, :] <= order[:, None]) & (key >= 0) & ((key == 0) | (key == query))
+        sees |= torch.eye(width + span, dtype=torch.bool, device=dev)  # padding sees itself: no empty mask row
+        dtype = self.model.dtype
+        mask = torch.zeros(sees.shape, dtype=dtype, device=dev).masked_fill_(~sees, torch.finfo(dtype).min)
+
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                            **({"logits_to_keep": span + 1} if self._keeps_logits else {})).logits
+        logits = logits[:, -(span + 1):].float()  # kept column k predicts the token in column width + k
+        source = torch.where(in_cand > 0, in_row, 0)  # a candidate's first token: the prompt's last column
+        picked = logits[row, source, ids[row, column]] - torch.logsumexp(logits, -1)[row, source]
+        total = torch.zeros(len(lengths), dtype=torch.float64, device=dev).index_add_(0, owner, picked.double())
+        return per_prompt(total.cpu().numpy(), [len(ts) for ts in tails])
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()

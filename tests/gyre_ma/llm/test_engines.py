@@ -52,6 +52,24 @@ def test_batched_scores_equal_one_at_a_time_and_a_plain_forward_pass(engine):
     assert two_tokens < one_token  # a longer continuation has more probability to pay
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_scores_equal_one_at_a_time_for_ragged_prompts_and_candidates(model_dir, attention):
+    """Prompts of 1 to 13 tokens, candidates of 1 to 7 tokens and 1 to 4 per prompt, in chunks
+    of 2 prompts: every score equals the candidate scored alone and a plain forward pass. After
+    "a door is north . go" the candidate "north" merges into one unknown word, so it is encoded
+    apart (the fallback of ``scoring_tokens``)."""
+    eng = make_engine("transformers", model_dir, max_batch=2)
+    eng.model.set_attn_implementation(attention)
+    prompts = ["", "look", TEXTS[0], "a door is north . go", "take key"]
+    candidates = [["go north . open door", "look"], ["look", " take key", " go north .", "go"],
+                  ["open door", "go", " you are in a dark room ."], ["north"], ["open door", " go"]]
+    batched = eng.score(prompts, candidates)
+    assert [len(b) for b in batched] == [len(c) for c in candidates]
+    for prompt, cands, got in zip(prompts, candidates, batched):
+        np.testing.assert_allclose(got, [eng.score([prompt], [[c]])[0][0] for c in cands], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got, [_reference_score(eng, prompt, c) for c in cands], rtol=0, atol=1e-4)
+
+
 def test_scores_follow_what_the_model_learned(model_dir, tmp_path):
     """A few gradient steps on "... north . go north" make that the best-scored action."""
     eng = make_engine("transformers", model_dir)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -161,6 +162,22 @@ def test_same_config_and_seed_give_the_same_llm_run():
         gyre.close()
     assert json.dumps(runs[0][0], sort_keys=True) == json.dumps(runs[1][0], sort_keys=True)
     assert all(torch.equal(p, q) for p, q in zip(runs[0][1], runs[1][1], strict=True))
+
+
+@pytest.mark.timeout(600)
+def test_ray_workers_get_each_policy_version_of_the_llm_manager_within_the_staleness_bound(tmp_path):
+    cmd = [sys.executable, "-m", "gyre_ma.cli", "train", str(LLM_QUICKSTART), "--quiet", "--set", f"run_root={tmp_path}",
+           "--set", "backend.name=ray", "--set", "backend.workers=2", "--set", "backend.async_rollouts=true",
+           "--set", "backend.max_staleness=1", "--set", "backend.startup_timeout_s=500",
+           "--set", "backend.ray_init={num_cpus: 2, include_dashboard: false}"]
+    for key, value in (SMALL | {"train.iterations": 3}).items():
+        cmd += ["--set", f"{key}={value}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = pd.read_csv(tmp_path / "llm_quickstart" / "metrics.csv")
+    assert metrics["policy_version"].tolist() == [1, 2, 3]
+    assert metrics["staleness/lag"].iloc[1:].eq(1.0).all() and metrics["staleness/dropped"].iloc[1:].eq(0.0).all()
+    assert metrics["ref_kl"].iloc[-1] > 0
 
 
 def test_train_then_eval_an_llm_manager_from_the_cli(tmp_path):

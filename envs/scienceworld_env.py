@@ -631,11 +631,11 @@ def wander(ctx: OptionContext) -> Any:
     return walk_to(env, ctx.memory["wander_to"]) or "look around"
 
 
-def _one_step(ctx: OptionContext) -> bool:
+def one_step(ctx: OptionContext) -> bool:
     return ctx.steps >= 1
 
 
-def _arrived(ctx: OptionContext) -> bool:
+def arrived(ctx: OptionContext) -> bool:
     return "wander_to" in ctx.memory and _raw(ctx).room == ctx.memory["wander_to"]
 
 
@@ -760,7 +760,7 @@ def _paint_library() -> OptionLibrary:
     library.add(Option("mix_paints", mix_paints, milestone="mixed", max_steps=2, description="mix the container"))
     library.add(Option("focus_result", focus_result, milestone="focused", max_steps=2,
                        description="focus on the mixed paint"))
-    library.add(Option("focus_ingredient", focus_ingredient, done=_one_step, max_steps=1,
+    library.add(Option("focus_ingredient", focus_ingredient, done=one_step, max_steps=1,
                        description="focus on an ingredient paint"))
     return library
 
@@ -833,8 +833,8 @@ def make_library(env: Any = None, *, family: str | None = None) -> OptionLibrary
     if family not in FAMILIES:
         raise ValueError(f"scienceworld library: family {family!r} is not wrapped; expected one of {list(FAMILIES)}")
     library = _LIBRARIES[GRAPH_OF[family]]()
-    library.add(Option("look_around", look_around, done=_one_step, max_steps=1, description="look around"))
-    library.add(Option("wander", wander, done=_arrived, max_steps=3, description="walk to a neighbouring room"))
+    library.add(Option("look_around", look_around, done=one_step, max_steps=1, description="look around"))
+    library.add(Option("wander", wander, done=arrived, max_steps=3, description="walk to a neighbouring room"))
     return library.validate()
 
 
@@ -850,6 +850,42 @@ def door_actions(ctx: OptionContext) -> list[str]:
         elif f"A door to the {room} (" in env.look:
             out.append(f"go to {room}")
     return out or ["look around"]
+
+
+def _in_view(env: ScienceWorldParallel) -> tuple[list[Thing], dict[str, Thing]]:
+    things = env.things()
+    by_uuid = {t.uuid: t for t in things}
+    return [t for t in things if t.room == env.room and t.name != env.room], by_uuid
+
+
+def _containers(env: ScienceWorldParallel) -> list[Thing]:
+    here, by_uuid = _in_view(env)
+    return sorted((t for t in here if _loose(env, t, by_uuid)
+                   and any(" containing " in r for r in env.referents(t.uuid))), key=lambda t: (t.name, t.type))
+
+
+def pour_actions(ctx: OptionContext) -> list[str]:
+    """Pour each paint in view into each container in the open (what an LLM-backed
+    ``combined`` option chooses among)."""
+    env = _raw(ctx)
+    here, _ = _in_view(env)
+    paints = sorted({t.name for t in here if t.name.endswith(" paint")})
+    return [f"pour {p} in {_name(env, c)}" for p in paints for c in _containers(env)] or ["look around"]
+
+
+def mix_actions(ctx: OptionContext) -> list[str]:
+    """Mix each container in the open (an LLM-backed ``mixed`` option)."""
+    env = _raw(ctx)
+    return [f"mix {_name(env, c)}" for c in _containers(env)] or ["look around"]
+
+
+def focus_actions(ctx: OptionContext) -> list[str]:
+    """Focus on each paint or animal in view (an LLM-backed ``focused`` option: a wrong
+    focus ends the task, so this is where the model's knowledge is tested)."""
+    env = _raw(ctx)
+    here, _ = _in_view(env)
+    names = sorted({t.name for t in here if t.name.endswith(" paint") or (t.alive and t.kind in LIFESPANS)})
+    return [f"focus on {n}" for n in names] or ["look around"]
 
 
 def action_text(ctx: OptionContext, text: str) -> str:

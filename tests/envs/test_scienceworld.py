@@ -149,3 +149,61 @@ def test_a_library_mixing_scripted_and_llm_options_trains_end_to_end(tmp_path):
     assert any(not torch.equal(p, q) for p, q in zip(before, gyre.policy.parameters(), strict=True))
     assert history[-1]["policy_version"] == 2
     gyre.close()
+
+
+def test_the_shipped_paint_library_with_llm_options_trains_end_to_end(tmp_path):
+    pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
+    from gyre_ma.config import parse_config
+    from gyre_ma.llm.option import LLMPolicy
+    from gyre_ma.llm.tiny import build_tiny_model
+    from gyre_ma.loop import Gyre
+    from gyre_ma.options.library import OptionLibrary
+
+    words = "pour mix focus on in red blue yellow violet green orange paint glass cup jug bowl wood containing " \
+            "nothing and look around task observation admissible actions action".split()
+    model = build_tiny_model(tmp_path / "tiny", words + [":", ",", "."], layers=1, width=16)
+    shipped = "configs/libraries/scienceworld_paint_llm.yaml"
+    with pytest.raises(ValueError, match=r"variable \$\{model\} has no value; set library_kwargs.model"):
+        OptionLibrary.load(shipped)
+    with pytest.raises(ValueError, match=r"has no variable\(s\) \['modle'\]; its variables: \['model'\]"):
+        OptionLibrary.load(shipped, model=str(model), modle="x")
+    cfg = parse_config({
+        "seed": 0, "run_root": str(tmp_path / "runs"),
+        "env": {"id": "scienceworld_v0", "kwargs": {"family": sw.PAINT_FAMILY, "max_cycles": 16}},
+        "library": shipped, "library_kwargs": {"model": str(model)}, "manager": {"hidden": 16},
+        "train": {"iterations": 2, "episodes_per_iteration": 4}, "rollout": {"num_envs": 4},
+    })
+    gyre = Gyre(cfg)
+    llm_options = [o.name for o in gyre.library if isinstance(o.policy, LLMPolicy)]
+    assert llm_options == ["pour_paints", "mix_paints", "focus_result"]
+    before = [p.detach().clone() for p in gyre.policy.parameters()]
+    for i in range(2):
+        metrics, trajectories = gyre.iteration(i, return_trajectories=True)
+    assert sum(t.llm_requests for t in trajectories) > 0  # the model chose primitive actions
+    assert any(not torch.equal(p, q) for p, q in zip(before, gyre.policy.parameters(), strict=True))
+    assert metrics["policy_version"] == 2
+    gyre.close()
+
+
+def test_the_llm_helpers_list_the_commands_of_each_milestone():
+    env = sw.make_env(sw.PAINT_FAMILY)
+    env.reset(seed=0)  # starts in the art studio, a glass cup on the table
+    library = sw.make_library(env)
+    from gyre_ma.options.option import OptionContext
+    ctx = OptionContext(agent="agent_0", env=env, observation=None, achieved=frozenset())
+    assert "pour red paint in glass cup containing nothing" in sw.pour_actions(ctx)
+    assert "mix glass cup containing nothing" in sw.mix_actions(ctx)
+    assert {"focus on red paint", "focus on blue paint"} <= set(sw.focus_actions(ctx))
+    assert library.names[:4] == ["go_to_paints", "pour_paints", "mix_paints", "focus_result"]
+
+
+def test_the_shipped_lifespan_library_builds_its_llm_focus(tmp_path):
+    pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
+    from gyre_ma.llm.option import LLMPolicy
+    from gyre_ma.llm.tiny import build_tiny_model
+    from gyre_ma.options.library import OptionLibrary
+
+    model = build_tiny_model(tmp_path / "tiny", "focus on wolf mouse crocodile".split(), layers=1, width=16)
+    library = OptionLibrary.load("configs/libraries/scienceworld_lifespan_llm.yaml", model=str(model))
+    assert set(library.graph.names) == {"at_animals", "focused"}
+    assert [o.name for o in library if isinstance(o.policy, LLMPolicy)] == ["focus_longest_lived"]

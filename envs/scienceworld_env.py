@@ -656,9 +656,9 @@ def _find_library() -> OptionLibrary:
 
 # ---------------------------------------------------------------------- paint
 def _loose(env: ScienceWorldParallel, thing: Thing, by_uuid: dict[str, Thing]) -> bool:
-    """``thing`` lies in its room, on the floor or on a table (not shut in a cupboard)."""
+    """``thing`` lies in its room, on the floor, a table or a desk (not shut in a cupboard)."""
     holder = by_uuid.get(thing.parent)
-    return holder is not None and (holder.name == thing.room or holder.name == "table")
+    return holder is not None and (holder.name == thing.room or holder.name in ("table", "desk"))
 
 
 def paint_room(env: ScienceWorldParallel) -> str:

@@ -1,11 +1,14 @@
-"""ScienceWorld's find families: the scripted oracle order vs a random eligible order, on
+"""ScienceWorld's task families: the scripted oracle order vs a random eligible order, on
 held-out variations (the simulator's *test* split: task seeds below 2^30 map to it).
 
 Prints ONE JSON object: per family, the oracle's and the random manager's verified success,
 mean episode length and the variations played. A trained manager is judged on the same
 seeds with ``gyre-ma eval RUN --episodes 75 --seed 0``.
 
-    python benchmarks/scienceworld_oracle.py [--episodes 75] [--first-seed 0]
+    python benchmarks/scienceworld_oracle.py [--families F ...] [--episodes 75] [--first-seed 0]
+
+A family's test split may hold fewer variations than ``--episodes``: seed ``s`` plays
+``test[s % len(test)]``, so the variations repeat (listed under ``variations``).
 """
 
 from __future__ import annotations
@@ -44,15 +47,16 @@ def main() -> None:
     p.add_argument("--max-cycles", type=int, default=sw.DEFAULT_MAX_CYCLES)
     args = p.parse_args()
     seeds = list(range(args.first_seed, args.first_seed + args.episodes))
-    library = sw.make_library()
     out: dict[str, Any] = {"what": "scripted oracle order vs random eligible order on held-out (test split) "
                                    "variations; success = the simulator's task completed (score 100)",
                            "seeds": [seeds[0], seeds[-1]], "max_cycles": args.max_cycles, "families": {}}
     for family in args.families:
         env = sw.make_env(family, max_cycles=args.max_cycles)
+        library = sw.make_library(env)
         oracle = _play(env, library, lambda s: sw.OracleManager(library=library), seeds)
         random = _play(env, library, lambda s: RandomManager(s), seeds)
-        out["families"][family] = {"variations": sorted({sw.variation(family, s) for s in seeds}),
+        out["families"][family] = {"task_graph": sw.GRAPH_OF[family],
+                                   "variations": sorted({sw.variation(family, s) for s in seeds}),
                                    "oracle": oracle, "random": random}
         env.close()
     print(json.dumps(out))

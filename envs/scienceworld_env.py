@@ -1,16 +1,24 @@
 """ScienceWorld (Wang et al. 2022) as a one-agent gyre environment: text in, text out.
 
 The simulator (PyPI ``scienceworld``, a Scala program behind py4j; it needs ``java``) runs
-30 task families, each in many variations. This module wraps the *find* families —
-``find-living-thing``, ``find-animal``, ``find-plant``: "focus on a living thing (an
-animal, a plant), then move it to the <colour> box in the <room>" — whose sub-tasks a
-scripted option can do reliably from the simulator's state.
+30 task families, each in many variations. This module wraps three task graphs whose
+sub-tasks a scripted option can do reliably from the simulator's state, each with its own
+milestones, options, trap and oracle order:
+
+- *find* (``find-living-thing``, ``find-animal``, ``find-plant``): "focus on a living thing
+  (an animal, a plant), then move it to the <colour> box in the <room>";
+- *paint* (``chemistry-mix-paint-secondary-color``): "use chemistry to create violet paint,
+  then focus on it" — walk to the paints, pour the two ingredients into an empty container,
+  mix it, focus on the result;
+- *lifespan* (``lifespan-longest-lived``): "the animals are in the 'outside' location; focus
+  on the one with the longest life span" — walk there, focus on it (a lookup table of life spans).
 
 - **Milestones** are read from the simulator's own goal progress (``getGoalProgressStr``):
-  its sequential subgoals (``focused``: the right kind of thing is focused on; ``in_box``:
-  it is in the answer box, which completes the task at score 100) and two of its optional
-  ones (``picked_up``, ``at_box``: the agent has been where the answer box is). Never the
-  agent's text.
+  its sequential subgoals (find: ``focused``, the right kind of thing is focused on, and
+  ``in_box``, it is in the answer box, which completes the task at score 100; paint and
+  lifespan: ``focused``, which completes it) and some of its optional ones (find:
+  ``picked_up``, ``at_box``; paint: ``at_paints``, ``combined`` — the ingredients alone in
+  one container — and ``mixed``; lifespan: ``at_animals``). Never the agent's text.
 - **Observation**: a Dict of the simulator's text reply (``text``, a gymnasium ``Text``
   the manager's NumericView drops) and the agent's room (``room``, one-hot for the
   manager). **Action**: a command, as text (``open door to kitchen``); the admissible
@@ -52,8 +60,14 @@ from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext
 
-FAMILIES = ("find-living-thing", "find-animal", "find-plant")
-"""The ScienceWorld task families this env wraps (they share one task graph and library)."""
+FIND_FAMILIES = ("find-living-thing", "find-animal", "find-plant")
+"""The *find* families: one task graph and library, three kinds of target."""
+PAINT_FAMILY = "chemistry-mix-paint-secondary-color"
+LIFESPAN_FAMILY = "lifespan-longest-lived"
+FAMILIES = (*FIND_FAMILIES, PAINT_FAMILY, LIFESPAN_FAMILY)
+"""The ScienceWorld task families this env wraps; :data:`GRAPH_OF` says which task graph
+(and option library) each plays."""
+GRAPH_OF = {**{f: "find" for f in FIND_FAMILIES}, PAINT_FAMILY: "paint", LIFESPAN_FAMILY: "lifespan"}
 
 ROOMS = ("art studio", "bathroom", "bedroom", "foundry", "greenhouse", "hallway", "kitchen", "living room",
          "outside", "workshop")
@@ -82,6 +96,9 @@ DEFAULT_MAX_CYCLES = 60
 
 _ROOM = re.compile(r"called the ([a-z ]+?)\.")
 _BOX = re.compile(r"move it to the (\w+) box in the ([a-z ]+?)\.")
+_RESULT = re.compile(r"\(([a-z ]+)\)")
+_SAME_ROOM = "be in same location as "
+_TASK_PLACE = re.compile(r"in the '([a-z ]+)' location")
 
 
 # ====================================================================== the simulator
@@ -383,14 +400,86 @@ def find_graph() -> TaskGraph:
     })
 
 
+def paint_names(env: ScienceWorldParallel) -> tuple[list[str], str]:
+    """(the ingredient paints, the paint to make) of a paint task, as its goal progress names
+    them: optional subgoals 'be in same location as <paint>' and the sequential subgoal
+    'focus on the mixing result (<paint>)'."""
+    goals = env.subgoals["sequential"]
+    match = _RESULT.search(goals[0][0]) if goals else None
+    if match is None:
+        raise ValueError(f"scienceworld_v0: the goal progress of {env.family!r} names no mixing result: {goals!r}")
+    result = match.group(1)
+    ingredients = [text[len(_SAME_ROOM):] for text, _ in env.subgoals["optional"]
+                   if text.startswith(_SAME_ROOM) and text[len(_SAME_ROOM):] != result]
+    return ingredients, result
+
+
+def at_paints(env: ScienceWorldParallel) -> bool:
+    """The simulator's optional subgoals 'be in same location as <ingredient>', all of them."""
+    ingredients, _ = paint_names(env)
+    return bool(ingredients) and all(_optional(env, _SAME_ROOM + p) for p in ingredients)
+
+
+def combined(env: ScienceWorldParallel) -> bool:
+    """The simulator's optional subgoal 'have all ingredients alone in a single container'."""
+    return _optional(env, "have all ingredients alone in a single container")
+
+
+def mixed(env: ScienceWorldParallel) -> bool:
+    """The simulator's optional subgoal 'be in same location as <result>': the mixed paint exists here."""
+    return _optional(env, _SAME_ROOM + paint_names(env)[1])
+
+
+def at_animals(env: ScienceWorldParallel) -> bool:
+    """The simulator's optional subgoal 'Move to the location asked by the task'."""
+    return _optional(env, "Move to the location asked by the task")
+
+
+def paint_graph() -> TaskGraph:
+    """The paint family's task graph: go where the paints are, pour the two ingredients
+    alone into one container, mix it, focus on the result."""
+    return TaskGraph.from_spec({
+        "goals": ["focused"],
+        "milestones": {
+            "at_paints": {"description": "go to the room of the ingredient paints", "verifier": f"{__name__}:at_paints",
+                          "duration": 4.0},
+            "combined": {"description": "pour the ingredient paints into one empty container",
+                         "verifier": f"{__name__}:combined", "requires": ["at_paints"], "duration": 2.0},
+            "mixed": {"description": "mix the container", "verifier": f"{__name__}:mixed", "requires": ["combined"],
+                      "duration": 1.0},
+            "focused": {"description": "focus on the mixed paint", "verifier": f"{__name__}:focused",
+                        "requires": ["mixed"], "duration": 1.0, "reward": 1.0},
+        },
+    })
+
+
+def lifespan_graph() -> TaskGraph:
+    """The lifespan family's task graph: go where the animals are, focus on the longest-lived."""
+    return TaskGraph.from_spec({
+        "goals": ["focused"],
+        "milestones": {
+            "at_animals": {"description": "go to the location the task names",
+                           "verifier": f"{__name__}:at_animals", "duration": 4.0},
+            "focused": {"description": "focus on the animal with the longest life span",
+                        "verifier": f"{__name__}:focused", "requires": ["at_animals"], "duration": 1.0,
+                        "reward": 1.0},
+        },
+    })
+
+
+_GRAPHS = {"find": (find_graph, {"focused": focused, "picked_up": picked_up, "at_box": at_box, "in_box": in_box}),
+           "paint": (paint_graph, {"at_paints": at_paints, "combined": combined, "mixed": mixed,
+                                   "focused": focused}),
+           "lifespan": (lifespan_graph, {"at_animals": at_animals, "focused": focused})}
+
+
 def make_env(family: str = "find-living-thing", *, max_cycles: int = DEFAULT_MAX_CYCLES) -> GyreAdapter:
-    """One ScienceWorld find family as a one-agent gyre env (agent ``agent_0``)."""
+    """One ScienceWorld task family (see :data:`FAMILIES`) as a one-agent gyre env (agent ``agent_0``)."""
     if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
         raise ValueError(f"scienceworld_v0: max_cycles must be an int >= 1, got {max_cycles!r}")
-    return from_pettingzoo(ScienceWorldParallel(family, max_cycles=max_cycles),
-                           milestones={"focused": focused, "picked_up": picked_up, "at_box": at_box,
-                                       "in_box": in_box},
-                           graph=find_graph(), max_cycles=max_cycles)
+    raw = ScienceWorldParallel(family, max_cycles=max_cycles)
+    graph, milestones = _GRAPHS[GRAPH_OF[family]]
+    return from_pettingzoo(raw, milestones=milestones, graph=graph(), max_cycles=max_cycles)
 
 
 parallel_env = make_env
@@ -542,17 +631,15 @@ def wander(ctx: OptionContext) -> Any:
     return walk_to(env, ctx.memory["wander_to"]) or "look around"
 
 
-def _one_step(ctx: OptionContext) -> bool:
+def one_step(ctx: OptionContext) -> bool:
     return ctx.steps >= 1
 
 
-def _arrived(ctx: OptionContext) -> bool:
+def arrived(ctx: OptionContext) -> bool:
     return "wander_to" in ctx.memory and _raw(ctx).room == ctx.memory["wander_to"]
 
 
-def make_library(env: Any = None) -> OptionLibrary:
-    """One scripted option per milestone, a trap (``focus_first``, a careless focus that
-    usually fails the task) and two wasteful options (``look_around``, ``wander``)."""
+def _find_library() -> OptionLibrary:
     library = OptionLibrary("scienceworld_find", find_graph())
     library.add(Option("focus_thing", focus_thing, milestone="focused", max_steps=12,
                        description="walk to a living thing of the kind asked and focus on it"))
@@ -564,8 +651,190 @@ def make_library(env: Any = None) -> OptionLibrary:
                        description="walk to the room of the answer box"))
     library.add(Option("put_in_box", put_in_box, milestone="in_box", max_steps=12,
                        description="move the thing into the answer box"))
-    library.add(Option("look_around", look_around, done=_one_step, max_steps=1, description="look around"))
-    library.add(Option("wander", wander, done=_arrived, max_steps=3, description="walk to a neighbouring room"))
+    return library
+
+
+# ---------------------------------------------------------------------- paint
+def _loose(env: ScienceWorldParallel, thing: Thing, by_uuid: dict[str, Thing]) -> bool:
+    """``thing`` lies in its room, on the floor, a table or a desk (not shut in a cupboard)."""
+    holder = by_uuid.get(thing.parent)
+    return holder is not None and (holder.name == thing.room or holder.name in ("table", "desk"))
+
+
+def paint_room(env: ScienceWorldParallel) -> str:
+    """The room where the ingredient paints stand in the open (the nearest, if several)."""
+    if "paint_room" not in env.memory:
+        ingredients, _ = paint_names(env)
+        things = env.things()
+        by_uuid = {t.uuid: t for t in things}
+        rooms = {t.room for t in things if t.name in ingredients and by_uuid.get(t.parent)
+                 and _loose(env, by_uuid[t.parent], by_uuid)}
+        if not rooms:
+            raise ValueError(f"scienceworld_v0: variation {env.variation} of {env.family!r} has no ingredient paint "
+                             f"{ingredients} in the open")
+        here = env.room
+        env.memory["paint_room"] = min(rooms, key=lambda r: (len(_path(here, r)) if r != here else 0, r))
+    return env.memory["paint_room"]
+
+
+def mixer(env: ScienceWorldParallel) -> Thing | None:
+    """The empty container the paints go into: one in the open in the paint room (chosen once)."""
+    if "mixer" not in env.memory:
+        things = env.things()
+        by_uuid = {t.uuid: t for t in things}
+        room = paint_room(env)
+        empty = [t for t in things if t.room == room and _loose(env, t, by_uuid)
+                 and any(r.endswith("containing nothing") for r in env.referents(t.uuid))]
+        if not empty:
+            return None
+        env.memory["mixer"] = min(empty, key=lambda t: (t.name, t.type))
+    return env.memory["mixer"]
+
+
+def _name(env: ScienceWorldParallel, thing: Thing) -> str:
+    """The most specific name of ``thing`` (``glass cup containing red paint``): the
+    simulator's admissible-action list spells objects differently from what its parser
+    takes, so the paint options speak plainly and answer an ambiguity with its first reading."""
+    return max(env.referents(thing.uuid) or [thing.name], key=lambda r: (len(r), r))
+
+
+def go_to_paints(ctx: OptionContext) -> Any:
+    """Walk to the room of the ingredient paints."""
+    env = _raw(ctx)
+    return walk_to(env, paint_room(env)) or CANNOT_PROCEED
+
+
+def pour_paints(ctx: OptionContext) -> Any:
+    """Pour each ingredient paint not poured yet (one standing in the open) into the empty container."""
+    env = _raw(ctx)
+    if _ambiguous(env, ctx):
+        return "0"
+    cup = mixer(env)
+    if cup is None:
+        return CANNOT_PROCEED
+    ingredients, _ = paint_names(env)
+    things = env.things()
+    poured = {t.name for t in things if t.parent == cup.uuid}
+    for paint in ingredients:
+        if paint not in poured and any(t.name == paint and t.room == env.room for t in things):
+            return f"pour {paint} in {_name(env, cup)}"
+    return CANNOT_PROCEED
+
+
+def mix_paints(ctx: OptionContext) -> Any:
+    """Mix the container holding the ingredients."""
+    env = _raw(ctx)
+    if _ambiguous(env, ctx):
+        return "0"
+    cup = mixer(env)
+    return f"mix {_name(env, cup)}" if cup is not None else CANNOT_PROCEED
+
+
+def focus_result(ctx: OptionContext) -> Any:
+    """Focus on the mixed paint."""
+    env = _raw(ctx)
+    if _ambiguous(env, ctx):
+        return "0"
+    _, result = paint_names(env)
+    return f"focus on {result}" if any(t.name == result and t.room == env.room for t in env.things()) \
+        else CANNOT_PROCEED
+
+
+def focus_ingredient(ctx: OptionContext) -> Any:
+    """A careless focus: on an ingredient paint in view, as if it were the answer. It ends
+    the task (the trap of this library)."""
+    env = _raw(ctx)
+    if _ambiguous(env, ctx):
+        return "0"
+    ingredients, _ = paint_names(env)
+    seen = sorted({t.name for t in env.things() if t.name in ingredients and t.room == env.room})
+    return f"focus on {seen[0]}" if seen else CANNOT_PROCEED
+
+
+def _paint_library() -> OptionLibrary:
+    library = OptionLibrary("scienceworld_paint", paint_graph())
+    library.add(Option("go_to_paints", go_to_paints, milestone="at_paints", max_steps=12,
+                       description="walk to the room of the ingredient paints"))
+    library.add(Option("pour_paints", pour_paints, milestone="combined", max_steps=4,
+                       description="pour the ingredient paints into one empty container"))
+    library.add(Option("mix_paints", mix_paints, milestone="mixed", max_steps=2, description="mix the container"))
+    library.add(Option("focus_result", focus_result, milestone="focused", max_steps=2,
+                       description="focus on the mixed paint"))
+    library.add(Option("focus_ingredient", focus_ingredient, done=one_step, max_steps=1,
+                       description="focus on an ingredient paint"))
+    return library
+
+
+# ---------------------------------------------------------------------- lifespan
+LIFESPANS = {"ant": 0.1, "bee": 0.1, "dragonfly": 0.4, "chameleon": 3.0, "mouse": 4.0, "hedgehog": 5.0, "rabbit": 9.0,
+             "common toad": 10.0, "chipmunk": 12.0, "wolf": 14.0, "beaver": 16.0, "brown bear": 30.0,
+             "crocodile": 45.0, "elephant": 70.0, "parrot": 80.0, "giant tortoise": 150.0}
+"""Typical life spans in years of the animals the lifespan tasks use (the values the
+simulator's animals carry): what the scripted option knows, as a player would."""
+
+
+def task_place(env: ScienceWorldParallel) -> str:
+    """The location the lifespan task names (``The animals are in the 'outside' location``)."""
+    match = _TASK_PLACE.search(env.task)
+    if match is None:
+        raise ValueError(f"scienceworld_v0: task {env.task!r} names no '<place>' location")
+    return match.group(1)
+
+
+def _animals_here(env: ScienceWorldParallel) -> list[Thing]:
+    return sorted((t for t in env.things() if t.alive and t.room == env.room and t.kind in LIFESPANS),
+                  key=lambda t: (t.name, t.kind))
+
+
+def go_to_animals(ctx: OptionContext) -> Any:
+    """Walk to the location the task names."""
+    env = _raw(ctx)
+    return walk_to(env, task_place(env)) or CANNOT_PROCEED
+
+
+def focus_longest_lived(ctx: OptionContext) -> Any:
+    """Focus on the animal here whose kind lives longest (by :data:`LIFESPANS`)."""
+    env = _raw(ctx)
+    animals = _animals_here(env)
+    if not animals:
+        return CANNOT_PROCEED
+    best = max(animals, key=lambda t: LIFESPANS[t.kind])
+    return _command(env, best.uuid, "focus on {}") or CANNOT_PROCEED
+
+
+def focus_first_animal(ctx: OptionContext) -> Any:
+    """A careless focus: on the animal listed first, whatever its life span. Usually the
+    wrong one, which ends the task (the trap of this library)."""
+    env = _raw(ctx)
+    animals = _animals_here(env)
+    return (_command(env, animals[0].uuid, "focus on {}") if animals else None) or CANNOT_PROCEED
+
+
+def _lifespan_library() -> OptionLibrary:
+    library = OptionLibrary("scienceworld_lifespan", lifespan_graph())
+    library.add(Option("go_to_animals", go_to_animals, milestone="at_animals", max_steps=12,
+                       description="walk to the location the task names"))
+    library.add(Option("focus_longest_lived", focus_longest_lived, milestone="focused", max_steps=2,
+                       description="focus on the animal with the longest life span"))
+    library.add(Option("focus_first_animal", focus_first_animal, milestone="focused", max_steps=1,
+                       description="focus on the first animal in view"))
+    return library
+
+
+_LIBRARIES = {"find": _find_library, "paint": _paint_library, "lifespan": _lifespan_library}
+
+
+def make_library(env: Any = None, *, family: str | None = None) -> OptionLibrary:
+    """The scripted library of ``family`` (default: the family ``env`` plays, else the find
+    families'): one option per milestone, a trap (a careless focus that usually fails the
+    task) and two wasteful options (``look_around``, ``wander``)."""
+    if family is None:
+        family = getattr(getattr(env, "unwrapped", env), "family", FIND_FAMILIES[0])
+    if family not in FAMILIES:
+        raise ValueError(f"scienceworld library: family {family!r} is not wrapped; expected one of {list(FAMILIES)}")
+    library = _LIBRARIES[GRAPH_OF[family]]()
+    library.add(Option("look_around", look_around, done=one_step, max_steps=1, description="look around"))
+    library.add(Option("wander", wander, done=arrived, max_steps=3, description="walk to a neighbouring room"))
     return library.validate()
 
 
@@ -583,6 +852,42 @@ def door_actions(ctx: OptionContext) -> list[str]:
     return out or ["look around"]
 
 
+def _in_view(env: ScienceWorldParallel) -> tuple[list[Thing], dict[str, Thing]]:
+    things = env.things()
+    by_uuid = {t.uuid: t for t in things}
+    return [t for t in things if t.room == env.room and t.name != env.room], by_uuid
+
+
+def _containers(env: ScienceWorldParallel) -> list[Thing]:
+    here, by_uuid = _in_view(env)
+    return sorted((t for t in here if _loose(env, t, by_uuid)
+                   and any(" containing " in r for r in env.referents(t.uuid))), key=lambda t: (t.name, t.type))
+
+
+def pour_actions(ctx: OptionContext) -> list[str]:
+    """Pour each paint in view into each container in the open (what an LLM-backed
+    ``combined`` option chooses among)."""
+    env = _raw(ctx)
+    here, _ = _in_view(env)
+    paints = sorted({t.name for t in here if t.name.endswith(" paint")})
+    return [f"pour {p} in {_name(env, c)}" for p in paints for c in _containers(env)] or ["look around"]
+
+
+def mix_actions(ctx: OptionContext) -> list[str]:
+    """Mix each container in the open (an LLM-backed ``mixed`` option)."""
+    env = _raw(ctx)
+    return [f"mix {_name(env, c)}" for c in _containers(env)] or ["look around"]
+
+
+def focus_actions(ctx: OptionContext) -> list[str]:
+    """Focus on each paint or animal in view (an LLM-backed ``focused`` option: a wrong
+    focus ends the task, so this is where the model's knowledge is tested)."""
+    env = _raw(ctx)
+    here, _ = _in_view(env)
+    names = sorted({t.name for t in here if t.name.endswith(" paint") or (t.alive and t.kind in LIFESPANS)})
+    return [f"focus on {n}" for n in names] or ["look around"]
+
+
 def action_text(ctx: OptionContext, text: str) -> str:
     """An admissible action's text is the env action itself."""
     return text
@@ -595,18 +900,26 @@ def observation_text(ctx: OptionContext) -> str:
 
 
 # ====================================================================== oracle
-class OracleManager:
-    """The order a competent player uses: focus on the thing, pick it up, walk to the box,
-    put it in; never the trap or a wasteful option while one of these is eligible."""
+ORDERS = {"find": ("focus_thing", "pick_up_thing", "go_to_box", "put_in_box"),
+          "paint": ("go_to_paints", "pour_paints", "mix_paints", "focus_result"),
+          "lifespan": ("go_to_animals", "focus_longest_lived")}
+"""The order a competent player uses in each task graph."""
 
-    order = ("focus_thing", "pick_up_thing", "go_to_box", "put_in_box")
+
+class OracleManager:
+    """The order a competent player uses (:data:`ORDERS`, picked by the options the library
+    has): the first eligible option of the order; never the trap or a wasteful option while
+    one of these is eligible."""
+
+    order = ORDERS["find"]
 
     def __init__(self, *, library: OptionLibrary) -> None:
-        missing = [n for n in self.order if n not in library.names]
-        if missing:
-            raise ValueError(f"scienceworld oracle: library {library.name!r} lacks option(s) {missing}; "
-                             f"it has {library.names}")
-        self._order = [library.index(n) for n in self.order]
+        order = next((o for o in ORDERS.values() if all(n in library.names for n in o)), None)
+        if order is None:
+            raise ValueError(f"scienceworld oracle: library {library.name!r} has none of the oracle orders "
+                             f"{list(ORDERS.values())} complete; it has {library.names}")
+        self.order = order
+        self._order = [library.index(n) for n in order]
 
     def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
         out = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -247,12 +248,14 @@ class OptionLibrary:
 
     @classmethod
     def load(cls, source: str | Path, **kwargs: Any) -> OptionLibrary:
-        """Load a YAML file, or call a ``module:callable`` that returns a library with
+        """Load a YAML file, its ``${name}`` variables filled from ``kwargs`` (see
+        :func:`fill_variables`), or call a ``module:callable`` that returns a library with
         ``kwargs`` (the config's ``library_kwargs``, e.g. the env it is built for)."""
         text = str(source)
         path = Path(text)
         if path.suffix in (".yaml", ".yml") or path.exists():
-            return cls.from_spec(read_yaml(path, "library file"), where=path.name)
+            spec = fill_variables(read_yaml(path, "library file"), kwargs, where=path.name)
+            return cls.from_spec(spec, where=path.name)
         factory = resolve(text, "library")
         if isinstance(factory, OptionLibrary) or not callable(factory):
             library = factory
@@ -269,3 +272,42 @@ class OptionLibrary:
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_spec(), sort_keys=False))
+
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def fill_variables(spec: Any, values: Mapping[str, Any], *, where: str) -> Any:
+    """``spec`` (a parsed library YAML) with each ``${name}`` in its strings replaced by
+    ``values[name]`` (the config's ``library_kwargs``): a string that is one variable takes
+    the value as it is (a number stays a number), one with text around it its ``str``. So a
+    shipped library can leave the user's choices — the model directory of its LLM options —
+    open. A variable without a value, or a value no variable uses, is an error."""
+    used: set[str] = set()
+    missing: list[tuple[str, str]] = []
+
+    def fill(node: Any, at: str) -> Any:
+        if isinstance(node, Mapping):
+            return {k: fill(v, f"{at}.{k}") for k, v in node.items()}
+        if isinstance(node, list):
+            return [fill(v, f"{at}[{i}]") for i, v in enumerate(node)]
+        if not isinstance(node, str) or "${" not in node:
+            return node
+        names = _VARIABLE.findall(node)
+        used.update(names)
+        missing.extend((n, at) for n in names if n not in values)
+        whole = _VARIABLE.fullmatch(node)
+        if whole is not None:
+            return values.get(whole.group(1), node)
+        return _VARIABLE.sub(lambda m: str(values.get(m.group(1), m.group(0))), node)
+
+    out = fill(spec, where)
+    if missing:
+        name, at = missing[0]
+        raise ValueError(f"{at}: variable ${{{name}}} has no value; set library_kwargs.{name} (given: "
+                         f"{sorted(values) or 'none'})")
+    unused = sorted(set(values) - used)
+    if unused:
+        raise ValueError(f"library_kwargs: {where} has no variable(s) {unused}; its variables: "
+                         f"{sorted(used) or 'none'}")
+    return out

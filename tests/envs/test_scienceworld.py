@@ -1,6 +1,7 @@
-"""ScienceWorld's find families as a gyre env (issue #21, part 4): milestones from the
-simulator's own goal progress, text observations and actions, a scripted library with a
-trap, an oracle, and a library mixing scripted and LLM-backed options trained end to end."""
+"""ScienceWorld as a gyre env (issue #21, part 4): three task graphs (the find families,
+mixing a secondary paint, the longest-lived animal), milestones from the simulator's own
+goal progress, text observations and actions, scripted libraries with a trap, an oracle,
+and libraries mixing scripted and LLM-backed options trained end to end."""
 
 from __future__ import annotations
 
@@ -18,24 +19,42 @@ from gyre_ma.roles import TRAINING_SEEDS, VALIDATION_SEEDS  # noqa: E402
 from gyre_ma.rollout import run_episode  # noqa: E402
 
 
-def test_check_env_passes():
-    report = check_env(lambda: sw.make_env("find-animal", max_cycles=12), seeds=(0,), n_steps=8)
+@pytest.mark.parametrize("family", ["find-animal", sw.PAINT_FAMILY, sw.LIFESPAN_FAMILY])
+def test_check_env_passes(family):
+    report = check_env(lambda: sw.make_env(family, max_cycles=12), seeds=(0,), n_steps=8,
+                       library=sw.make_library(family=family))
     assert report.unverifiable == ()  # every milestone is re-verified on the simulator's state
     assert "parallel_seed_test" in report.pettingzoo_tests
 
 
-@pytest.mark.parametrize("family", sw.FAMILIES)
-def test_the_oracle_completes_held_out_variations(family):
+def test_the_new_families_have_their_own_task_graphs_and_options():
+    graphs = {f: frozenset(sw.make_env(f).task_graph().names) for f in (sw.FIND_FAMILIES[0], sw.PAINT_FAMILY,
+                                                                  sw.LIFESPAN_FAMILY)}
+    assert len(set(graphs.values())) == 3
+    assert graphs[sw.PAINT_FAMILY] == {"at_paints", "combined", "mixed", "focused"}
+    assert graphs[sw.LIFESPAN_FAMILY] == {"at_animals", "focused"}
+    find = set(sw.make_library(family="find-plant").names)
+    for family in (sw.PAINT_FAMILY, sw.LIFESPAN_FAMILY):
+        names = set(sw.make_library(family=family).names)
+        assert names - find and names & find == {"look_around", "wander"}
+    with pytest.raises(ValueError, match="family 'boil' is not wrapped; expected one of"):
+        sw.make_library(family="boil")
+
+
+@pytest.mark.parametrize(("family", "seeds"), [*((f, (0, 5)) for f in sw.FIND_FAMILIES),
+                                               (sw.PAINT_FAMILY, (1, 6)), (sw.LIFESPAN_FAMILY, (3, 5))])
+def test_the_oracle_completes_held_out_variations(family, seeds):
     env = make_env("scienceworld_v0", family=family)
     library = make_library("scienceworld_v0", env)
     oracle = make_oracle("scienceworld_v0", env, library)
-    for seed in (0, 5):
+    order = sw.ORDERS[sw.GRAPH_OF[family]]
+    for seed in seeds:
         assert sw.variation(family, seed) in sw.variation_splits(family)["test"]
         traj = run_episode(env, library, oracle, seed=seed)
         raw = env.unwrapped
         assert traj.success and raw.completed and raw.score == 100
-        assert env.verified_milestones() == {"focused", "picked_up", "at_box", "in_box"}
-        assert [library.names[c.option] for c in traj.calls] == list(sw.OracleManager.order)
+        assert env.verified_milestones() == set(env.task_graph().names)
+        assert [library.names[c.option] for c in traj.calls] == list(order)
         assert traj.length <= 20
 
 
@@ -60,17 +79,19 @@ def test_milestones_come_from_the_simulator_not_the_agent_text():
     assert ("Pick up object", False) in progress["optional"]
 
 
-def test_the_trap_fails_the_task_and_bad_input_is_named():
-    env = sw.make_env("find-animal")
-    library = sw.make_library()
-    trap = library.index("focus_first")
+@pytest.mark.parametrize(("family", "trap", "seed"), [("find-animal", "focus_first", 2),
+                                                       (sw.PAINT_FAMILY, "focus_ingredient", 0)])
+def test_the_trap_fails_the_task_and_bad_input_is_named(family, trap, seed):
+    env = sw.make_env(family)
+    library = sw.make_library(env)
+    trap = library.index(trap)
 
     class Careless:
         def decide(self, decisions):
             from gyre_ma.options.decision import Choice
             return [Choice(trap if d.mask[trap] else int(d.mask.nonzero()[0][0])) for d in decisions]
 
-    traj = run_episode(env, library, Careless(), seed=2)
+    traj = run_episode(env, library, Careless(), seed=seed)
     assert not traj.success and env.unwrapped.failed and traj.length == 1
     with pytest.raises(ValueError, match="family 'boil' is not wrapped; expected one of"):
         sw.make_env("boil")
@@ -128,3 +149,61 @@ def test_a_library_mixing_scripted_and_llm_options_trains_end_to_end(tmp_path):
     assert any(not torch.equal(p, q) for p, q in zip(before, gyre.policy.parameters(), strict=True))
     assert history[-1]["policy_version"] == 2
     gyre.close()
+
+
+def test_the_shipped_paint_library_with_llm_options_trains_end_to_end(tmp_path):
+    pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
+    from gyre_ma.config import parse_config
+    from gyre_ma.llm.option import LLMPolicy
+    from gyre_ma.llm.tiny import build_tiny_model
+    from gyre_ma.loop import Gyre
+    from gyre_ma.options.library import OptionLibrary
+
+    words = "pour mix focus on in red blue yellow violet green orange paint glass cup jug bowl wood containing " \
+            "nothing and look around task observation admissible actions action".split()
+    model = build_tiny_model(tmp_path / "tiny", words + [":", ",", "."], layers=1, width=16)
+    shipped = "configs/libraries/scienceworld_paint_llm.yaml"
+    with pytest.raises(ValueError, match=r"variable \$\{model\} has no value; set library_kwargs.model"):
+        OptionLibrary.load(shipped)
+    with pytest.raises(ValueError, match=r"has no variable\(s\) \['modle'\]; its variables: \['model'\]"):
+        OptionLibrary.load(shipped, model=str(model), modle="x")
+    cfg = parse_config({
+        "seed": 0, "run_root": str(tmp_path / "runs"),
+        "env": {"id": "scienceworld_v0", "kwargs": {"family": sw.PAINT_FAMILY, "max_cycles": 16}},
+        "library": shipped, "library_kwargs": {"model": str(model)}, "manager": {"hidden": 16},
+        "train": {"iterations": 2, "episodes_per_iteration": 4}, "rollout": {"num_envs": 4},
+    })
+    gyre = Gyre(cfg)
+    llm_options = [o.name for o in gyre.library if isinstance(o.policy, LLMPolicy)]
+    assert llm_options == ["pour_paints", "mix_paints", "focus_result"]
+    before = [p.detach().clone() for p in gyre.policy.parameters()]
+    for i in range(2):
+        metrics, trajectories = gyre.iteration(i, return_trajectories=True)
+    assert sum(t.llm_requests for t in trajectories) > 0  # the model chose primitive actions
+    assert any(not torch.equal(p, q) for p, q in zip(before, gyre.policy.parameters(), strict=True))
+    assert metrics["policy_version"] == 2
+    gyre.close()
+
+
+def test_the_llm_helpers_list_the_commands_of_each_milestone():
+    env = sw.make_env(sw.PAINT_FAMILY)
+    env.reset(seed=0)  # starts in the art studio, a glass cup on the table
+    library = sw.make_library(env)
+    from gyre_ma.options.option import OptionContext
+    ctx = OptionContext(agent="agent_0", env=env, observation=None, achieved=frozenset())
+    assert "pour red paint in glass cup containing nothing" in sw.pour_actions(ctx)
+    assert "mix glass cup containing nothing" in sw.mix_actions(ctx)
+    assert {"focus on red paint", "focus on blue paint"} <= set(sw.focus_actions(ctx))
+    assert library.names[:4] == ["go_to_paints", "pour_paints", "mix_paints", "focus_result"]
+
+
+def test_the_shipped_lifespan_library_builds_its_llm_focus(tmp_path):
+    pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
+    from gyre_ma.llm.option import LLMPolicy
+    from gyre_ma.llm.tiny import build_tiny_model
+    from gyre_ma.options.library import OptionLibrary
+
+    model = build_tiny_model(tmp_path / "tiny", "focus on wolf mouse crocodile".split(), layers=1, width=16)
+    library = OptionLibrary.load("configs/libraries/scienceworld_lifespan_llm.yaml", model=str(model))
+    assert set(library.graph.names) == {"at_animals", "focused"}
+    assert [o.name for o in library if isinstance(o.policy, LLMPolicy)] == ["focus_longest_lived"]

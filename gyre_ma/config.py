@@ -392,6 +392,9 @@ class BackendConfig(_Section):
     sample_timeout_s: float = Field(600.0, gt=0.0)
     """Seconds one call to an actor (up to ``episodes_per_call`` episodes) may take
     before the actor is killed and replaced."""
+    startup_timeout_s: float = Field(120.0, gt=0.0)
+    """Seconds a Ray actor may take to start (import, build its envs and manager, load a
+    model) before the run says it never started; raise it for large LLM managers or options."""
     option_timeout_s: float | None = Field(60.0, gt=0.0)
     """Seconds one option call's sub-policy may run in all (every backend); past it the
     call ends as a failure (``Termination.TIMEOUT``, metric ``option_timeouts``, a
@@ -419,7 +422,8 @@ class BackendConfig(_Section):
         if self.name != "ray":
             return {}
         return {"workers": self.workers, "max_restarts": self.max_restarts, "max_attempts": self.max_attempts,
-                "sample_timeout_s": self.sample_timeout_s, "cpus_per_worker": self.cpus_per_worker,
+                "sample_timeout_s": self.sample_timeout_s, "startup_timeout_s": self.startup_timeout_s,
+                "cpus_per_worker": self.cpus_per_worker,
                 "init": self.ray_init, "pipeline_depth": self.pipeline_depth,
                 "episodes_per_call": self.episodes_per_call}
 

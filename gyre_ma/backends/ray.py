@@ -403,9 +403,10 @@ class RayBackend:
             if slot.starting is not None and now >= slot.since + self.startup_timeout_s:
                 cpus = ray.cluster_resources().get("CPU", 0)
                 raise RuntimeError(
-                    f"Ray rollout worker {slot.index} did not start within startup_timeout_s="
+                    f"Ray rollout worker {slot.index} did not start within backend.startup_timeout_s="
                     f"{self.startup_timeout_s:g} s; does the cluster have {self.cpus_per_worker:g} CPU(s) "
-                    f"free per worker ({len(self._slots)} workers, cluster: {cpus:g} CPUs)?"
+                    f"free per worker ({len(self._slots)} workers, cluster: {cpus:g} CPUs), or does loading its "
+                    "model take longer (raise backend.startup_timeout_s)?"
                 )
         for slot in self._slots:
             if slot.queued and now >= slot.head_since + self.sample_timeout_s:

@@ -54,6 +54,10 @@ def run(config_path: str, seed: int, eval_seeds: list[int], curve_every: int = 0
     cfg = load_config(config_path, {"seed": seed, "run_root": tempfile.mkdtemp(prefix="gyre-heldout-")})
     gyre = Gyre(cfg, cfg.run_dir)
     history, curve, seconds = [], [], 0.0
+    if curve_every:  # where it starts: the untrained policy
+        judged = _judge(gyre, curve_seeds)
+        curve.append({"iteration": 0, "env_steps": 0, "train_seconds": 0.0,
+                      "sampled": judged["sampled"]["success"], "greedy": judged["greedy"]["success"]})
     for i in range(cfg.train.iterations):
         start = time.perf_counter()
         history.append(gyre.iteration(i))

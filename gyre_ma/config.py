@@ -64,7 +64,8 @@ class LLMBuildConfig(_Section):
     context: int = Field(512, ge=16, le=32768)
     """Positions: the longest prompt plus an option's name."""
     seed: int = 0
-    """Seed of the initial weights."""
+    """Seed of the initial weights: the same model for every run seed, as a model loaded
+    from a directory would be (the run seed varies tasks, sampling and minibatches)."""
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> LLMBuildConfig:

@@ -106,11 +106,12 @@ class RolloutKit:
     option_timeout_s: float | None = None
     episode_timeout_s: float | None = None
     """Wall-clock bounds of an option call and an episode (``backend.*_timeout_s``)."""
+    llm_engine: str | None = None
+    """Who scores the LLM manager's options in rollouts: ``transformers`` (its module) or
+    ``vllm``; None for the MLP manager."""
     _envs: dict[int, Any] = field(default_factory=dict, repr=False)
     """Each slot's env, made as needed."""
     _fixed: dict[int, Manager] = field(default_factory=dict, repr=False)
-    llm_engine: str | None = None
-    """Who scores the LLM manager's options in rollouts: ``transformers`` (its module) or ``vllm``."""
     _actor: PolicyActor | None = field(default=None, repr=False)
     _vllm: Any = field(default=None, repr=False)
 

@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("scienceworld", reason="the scienceworld extra is not installed")
 
 from gyre_ma.envs import scienceworld_env as sw  # noqa: E402
+from gyre_ma.envs import scienceworld_v0  # noqa: E402
 from gyre_ma.envs.checks import check_env  # noqa: E402
 from gyre_ma.envs.registry import make_env, make_library, make_oracle  # noqa: E402
 from gyre_ma.roles import TRAINING_SEEDS, VALIDATION_SEEDS  # noqa: E402
@@ -25,6 +26,25 @@ def test_check_env_passes(family):
                        library=sw.make_library(family=family))
     assert report.unverifiable == ()  # every milestone is re-verified on the simulator's state
     assert "parallel_seed_test" in report.pettingzoo_tests
+
+
+def test_the_pettingzoo_entry_points_truncate_at_max_cycles():
+    # PettingZoo's own max_cycles_test samples random text commands, which the simulator parses for seconds each
+    par = scienceworld_v0.parallel_env(family="find-animal", max_cycles=3)
+    par.reset(seed=0)
+    steps = 0
+    while par.agents:
+        _, _, terminations, truncations, _ = par.step({"agent_0": "look around"})
+        steps += 1
+    assert steps == 3 and truncations["agent_0"] and not terminations["agent_0"]
+    aec = scienceworld_v0.env(family="find-animal", max_cycles=3)
+    aec.reset(seed=0)
+    turns = 0
+    for agent in aec.agent_iter():
+        done = aec.terminations[agent] or aec.truncations[agent]
+        aec.step(None if done else "look around")
+        turns += 1
+    assert turns == 4  # three commands, then the truncated agent's last turn
 
 
 def test_the_new_families_have_their_own_task_graphs_and_options():

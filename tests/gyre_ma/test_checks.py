@@ -13,12 +13,7 @@ from gyre_ma.envs.minigrid_doorkey import make_library as make_doorkey_library
 from gyre_ma.envs.registry import ENVIRONMENTS, make_env, make_library
 
 
-OWN_BUDGET = {"scienceworld_v0"}
-"""Checked in their own test file on a budget that fits them (ScienceWorld's JVM simulator
-takes 10-50 ms a step: 300 random steps on 3 seeds would take minutes)."""
-
-
-@pytest.mark.parametrize("env_id", sorted(set(ENVIRONMENTS) - OWN_BUDGET))
+@pytest.mark.parametrize("env_id", sorted(ENVIRONMENTS))
 def test_check_env_passes_on_every_shipped_environment(env_id):
     module = importlib.import_module(f"gyre_ma.envs.{env_id}")
     env = make_env(env_id)

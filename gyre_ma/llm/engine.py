@@ -76,26 +76,115 @@ def scoring_tokens(tokenizer: Any, start: int, prompts: Sequence[str],
     fall after the prompt; where the boundary merged into one token, the candidate encoded
     apart. At most three batched tokenizer calls (prompts, prompt + candidate texts, the
     merged candidates apart): a fast tokenizer loops in Rust, and a call costs far more than
-    a text. Every engine scores these same tokens."""
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+    a text. Every engine scores these same tokens; :class:`ScoringTokenizer` gives them
+    faster where prompts end alike."""
+    bodies = _encode(tokenizer, list(prompts))
+    grouped, _ = _candidate_tokens(tokenizer, bodies, prompts, candidates)
+    return [[start] + body for body in bodies], grouped
 
-    bodies = encode(list(prompts))
+
+def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+
+
+def _after(head: Sequence[int], whole: Sequence[int]) -> list[int] | None:
+    """The tokens of ``whole`` after ``head``; None where ``head`` is not its prefix (the boundary merged)."""
+    n = len(head)
+    return list(whole[n:]) if len(whole) > n and list(whole[:n]) == list(head) else None
+
+
+def _candidate_tokens(tokenizer: Any, bodies: Sequence[Sequence[int]], prompts: Sequence[str],
+                      candidates: Sequence[Sequence[str]]) -> tuple[list[list[list[int]]], list[list[bool]]]:
+    """Per prompt and candidate: its tokens after the prompt (or encoded apart where the
+    boundary merged), and whether it was encoded apart."""
     owner = [i for i, cands in enumerate(candidates) for _ in cands]
     flat = [c for cands in candidates for c in cands]
-    tails: list[list[int]] = []
-    for i, whole in zip(owner, encode([prompts[i] + c for i, c in zip(owner, flat)])):
-        n = len(bodies[i])
-        tails.append(whole[n:] if len(whole) > n and whole[:n] == bodies[i] else [])
-    merged = [k for k, tail in enumerate(tails) if not tail]
-    for k, ids in zip(merged, encode([flat[k] for k in merged])):
+    tails = [_after(bodies[i], whole) for i, whole in zip(owner, _encode(tokenizer, [prompts[i] + c for i, c in
+                                                                                     zip(owner, flat)]))]
+    merged = [k for k, tail in enumerate(tails) if tail is None]
+    for k, ids in zip(merged, _encode(tokenizer, [flat[k] for k in merged])):
         if not ids:
             raise ValueError(f"candidate {flat[k]!r} encodes to no tokens")
         tails[k] = ids
     grouped: list[list[list[int]]] = [[] for _ in prompts]
-    for i, tail in zip(owner, tails):
-        grouped[i].append(tail)
-    return [[start] + body for body in bodies], grouped
+    apart: list[list[bool]] = [[] for _ in prompts]
+    encoded_apart = set(merged)
+    for k, (i, tail) in enumerate(zip(owner, tails)):
+        grouped[i].append(tail)  # type: ignore[arg-type]
+        apart[i].append(k in encoded_apart)
+    return grouped, apart
+
+
+class ScoringTokenizer:
+    """:func:`scoring_tokens` with a cache of candidate tokens keyed by how the prompt ends.
+
+    Prompts of one kind end alike (a template's "choose :" or "> "), and the candidates are
+    the same few names or actions, yet encoding every prompt + candidate text costs most of
+    a batched scoring call on a small model. The tokens a candidate gets after a prompt
+    depend only on the prompt's last tokens (for the word-level, BPE and unigram tokenizers
+    of causal LMs, whose merges do not reach back over earlier words), so they are cached
+    under (the text of the prompt's last :attr:`CONTEXT` tokens, the candidate). A new key is
+    tokenized both ways, in full and from that ending alone, and cached only where the two
+    agree; a key where they differ is always tokenized in full. Slow (Python) tokenizers,
+    which give no offsets, are always tokenized in full."""
+
+    CONTEXT = 2
+    """How many of the prompt's last tokens make the key."""
+
+    def __init__(self, tokenizer: Any, start: int, *, cache_size: int = 65536) -> None:
+        self.tokenizer, self.start, self.cache_size = tokenizer, start, cache_size
+        self.cache: dict[tuple[str, str], list[int] | None] = {}
+        """(prompt ending, candidate) → the candidate's tokens; None: tokenize in full."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend if backend is not None and backend.truncation is None and backend.padding is None \
+            else None
+        """The Rust tokenizer, called directly (it gives offsets and skips the wrapper's
+        per-text work); None for a slow tokenizer or one set to truncate or pad."""
+
+    def __call__(self, prompts: Sequence[str],
+                 candidates: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[list[int]]]]:
+        if self._backend is None or self.cache_size < 1:
+            return scoring_tokens(self.tokenizer, self.start, prompts, candidates)
+        encodings = self._backend.encode_batch(list(prompts), add_special_tokens=False) if prompts else []
+        bodies = [list(e.ids) for e in encodings]
+        endings = [self._ending(p, e.offsets) for p, e in zip(prompts, encodings)]
+        grouped: list[list[list[int] | None]] = [[self.cache.get((end, c)) if end is not None else None
+                                                  for c in cands] for end, cands in zip(endings, candidates)]
+        missing = [(i, j) for i, row in enumerate(grouped) for j, tail in enumerate(row) if tail is None]
+        if missing:
+            rows = sorted({i for i, _ in missing})
+            full, apart = _candidate_tokens(self.tokenizer, [bodies[i] for i in rows], [prompts[i] for i in rows],
+                                            [candidates[i] for i in rows])
+            at = {i: r for r, i in enumerate(rows)}
+            self._learn(missing, bodies, endings, candidates, full, apart, at)
+            for i, j in missing:
+                grouped[i][j] = full[at[i]][j]
+        return [[self.start] + body for body in bodies], grouped  # type: ignore[return-value]
+
+    def _ending(self, prompt: str, offsets: Sequence[tuple[int, int]]) -> str | None:
+        """The prompt's text from the end of the token before its last :attr:`CONTEXT` (the
+        whole prompt where it has no more): the whitespace before those tokens belongs to the
+        ending, as it belongs to the token after it in byte-level BPE."""
+        return prompt if len(offsets) <= self.CONTEXT else prompt[offsets[-self.CONTEXT - 1][1]:]
+
+    def _learn(self, missing: list[tuple[int, int]], bodies: list[list[int]], endings: list[str | None],
+               candidates: Sequence[Sequence[str]], full: list[list[list[int]]], apart: list[list[bool]],
+               at: dict[int, int]) -> None:
+        """Cache the keys of ``missing`` whose tokens from the prompt's ending alone equal the full ones."""
+        new = {(endings[i], candidates[i][j]): (i, j) for i, j in missing
+               if endings[i] is not None and (endings[i], candidates[i][j]) not in self.cache}
+        if not new:
+            return
+        if len(self.cache) + len(new) > self.cache_size:
+            self.cache.clear()
+        keys = list(new)
+        wholes = self._backend.encode_batch([end + c for end, c in keys], add_special_tokens=False)
+        for (end, c), whole in zip(keys, wholes):
+            i, j = new[(end, c)]
+            tail = _after(bodies[i][-self.CONTEXT:], whole.ids)
+            same = full[at[i]][j] if not apart[at[i]][j] else None
+            self.cache[(end, c)] = tail if tail is not None and tail == same else (
+                full[at[i]][j] if tail is None and same is None else None)
 
 
 def per_prompt(values: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:

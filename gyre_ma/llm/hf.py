@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 from transformers.utils.logging import disable_progress_bar
 
-from gyre_ma.llm.engine import check_model_dir, check_requests, per_prompt, scoring_tokens, start_token
+from gyre_ma.llm.engine import ScoringTokenizer, check_model_dir, check_requests, per_prompt, start_token
 
 
 class TransformersEngine:
@@ -43,6 +43,7 @@ class TransformersEngine:
         """Whether the forward pass can skip the logits scoring does not read (``logits_to_keep``)."""
         tok = self.tokenizer
         self.start = start_token(tok, path)
+        self.scoring_tokens = ScoringTokenizer(tok, self.start)
         self.pad = int(tok.pad_token_id if tok.pad_token_id is not None else self.start)
         self.never = sorted({t for t in (tok.pad_token_id, tok.bos_token_id, tok.unk_token_id)
                              if t is not None and t != tok.eos_token_id})
@@ -59,7 +60,7 @@ class TransformersEngine:
         if attention not in ("eager", "sdpa"):
             raise ValueError(f"scoring packs each prompt's candidates behind it with a 4D attention mask, which needs "
                              f"the 'eager' or 'sdpa' attention implementation; {str(self.path)!r} uses {attention!r}")
-        heads, tails = scoring_tokens(self.tokenizer, self.start, prompts, candidates)
+        heads, tails = self.scoring_tokens(prompts, candidates)
         out: list[np.ndarray] = []
         for at in range(0, len(heads), self.max_batch):
             out += self._score_chunk(heads[at:at + self.max_batch], tails[at:at + self.max_batch])

@@ -1,7 +1,7 @@
 """The ``vllm`` engine (GPU; ``pip install gyre-ma[vllm]``), imported only when chosen.
 
 Requests are token ids made by the model directory's own tokenizer with
-:func:`~gyre_ma.llm.engine.scoring_tokens`, as :class:`~gyre_ma.llm.hf.TransformersEngine`
+:class:`~gyre_ma.llm.engine.ScoringTokenizer`, as :class:`~gyre_ma.llm.hf.TransformersEngine`
 makes them (BOS first, the candidate's tokens as they fall after the prompt), so both
 engines score the same tokens. Scoring asks vLLM
 for the prompt's log-probabilities (``prompt_logprobs``, which always include the actual
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gyre_ma.llm.engine import check_model_dir, check_requests, per_prompt, scoring_tokens, start_token
+from gyre_ma.llm.engine import ScoringTokenizer, check_model_dir, check_requests, per_prompt, start_token
 
 
 class VLLMEngine:
@@ -37,6 +37,7 @@ class VLLMEngine:
         self.vllm = vllm
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.start = start_token(self.tokenizer, path)
+        self.scoring_tokens = ScoringTokenizer(self.tokenizer, self.start)
         llm_options.setdefault("worker_extension_cls", f"{__name__}.WeightLoader")
         self.llm = vllm.LLM(model=str(path), tokenizer=str(path), dtype=dtype,
                             gpu_memory_utilization=gpu_memory_utilization, **llm_options)
@@ -55,7 +56,7 @@ class VLLMEngine:
 
     def score(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
         check_requests(prompts, candidates)
-        heads, tails = scoring_tokens(self.tokenizer, self.start, prompts, candidates)
+        heads, tails = self.scoring_tokens(prompts, candidates)
         requests = [{"prompt_token_ids": head + tail} for head, ts in zip(heads, tails) for tail in ts]
         starts = [len(head) for head, ts in zip(heads, tails) for _ in ts]
         params = self.vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)

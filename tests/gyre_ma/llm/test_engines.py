@@ -126,3 +126,44 @@ def test_vllm_scores_like_transformers(model_dir, engine):
     np.testing.assert_allclose(vllm_engine.score(prompts, candidates)[0], engine.score(prompts, candidates)[0],
                                atol=1e-2)
     assert vllm_engine.generate(["go"], max_new_tokens=4) == engine.generate(["go"], max_new_tokens=4)
+
+
+def _byte_level_bpe():
+    """A GPT-2-style byte-level BPE tokenizer trained here on a few sentences (merges that
+    join word pieces, spaces attached to the word after them)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    core = ByteLevelBPETokenizer()
+    core.train_from_iterator([" ".join(TEXTS)] * 20 + ["gogo northward doors opened looking"] * 5, vocab_size=300,
+                             min_frequency=1, special_tokens=["<|endoftext|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=core._tokenizer, eos_token="<|endoftext|>")
+
+
+@pytest.mark.parametrize("kind", ["word_level", "byte_level_bpe"])
+@pytest.mark.parametrize("context", [0, 2])
+def test_cached_scoring_tokens_equal_the_full_encoding(model_dir, kind, context):
+    """``ScoringTokenizer`` (candidate tokens cached by how the prompt ends) gives exactly the
+    tokens of ``scoring_tokens`` (every prompt + candidate encoded in full), call after call
+    as the cache fills, for candidates with and without a leading space (some merge with the
+    prompt's last word). With no context tokens the ending is only the prompt's trailing
+    text, which cannot tell "go" + "north" (one word) from "north" alone: such keys must be
+    found to disagree and tokenized in full rather than cached wrong."""
+    from transformers import AutoTokenizer
+
+    from gyre_ma.llm.engine import ScoringTokenizer, scoring_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir) if kind == "word_level" else _byte_level_bpe()
+    cached = type("Short", (ScoringTokenizer,), {"CONTEXT": context})(tokenizer, 0)
+    rng = np.random.default_rng(0)
+    words = " ".join(TEXTS).split() + ["gogo", "northward"]
+    for _ in range(30):
+        prompts = [" ".join(rng.choice(words, size=rng.integers(0, 8))) + str(rng.choice(["", " ", " :"]))
+                   for _ in range(4)]
+        candidates = [[str(rng.choice(["", " "])) + " ".join(rng.choice(words, size=rng.integers(1, 3)))
+                       for _ in range(3)] for _ in prompts]
+        assert cached(prompts, candidates) == scoring_tokens(tokenizer, 0, prompts, candidates)
+    stored = [v for v in cached.cache.values() if v is not None]
+    assert len(stored) > 20  # the cache served most keys
+    if context == 0:
+        assert None in cached.cache.values()  # and refused some

@@ -25,8 +25,9 @@ holds here too), then evaluates the run's final policy on held-out task seeds, s
 greedy (``eval.json`` in the run directory). Rerunning the experiment skips finished runs
 and resumes killed ones from their checkpoint; runs are children of the experiment and
 die with it. Runs play in ``--jobs`` local processes (one torch thread each:
-``trainer.threads``) or as Ray tasks (``--ray``). ``gyre-ma report`` turns the folder into
-tables with intervals (:mod:`gyre_ma.report`).
+``trainer.threads``) or as Ray tasks (``--ray``). A variant with an ``sb3`` mapping trains
+Stable-Baselines3 PPO instead (:mod:`gyre_ma.experiment_sb3`). ``gyre-ma report`` turns the
+folder into tables with intervals (:mod:`gyre_ma.report`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gyre_ma.config import MAX_COUNT, ConfigError, _format_error, load_config
+from gyre_ma.config import MAX_COUNT, ConfigError, _format_error, dump_config, load_config
+from gyre_ma.experiment_sb3 import SB3Spec
 from gyre_ma.files import lock_folder, write_json, write_text
 from gyre_ma.options.yaml_file import read_yaml
 
@@ -96,7 +98,8 @@ class ExperimentSpec(_Spec):
     overrides: dict[str, Any] = Field(default_factory=dict)
     """Dotted keys (or nested mappings) set on the base config for every variant."""
     variants: dict[str, dict[str, Any]] = Field(min_length=1)
-    """Variant name → its overrides, on top of ``overrides``."""
+    """Variant name → its overrides, on top of ``overrides``. A variant with an ``sb3``
+    mapping trains Stable-Baselines3 PPO on the run's env instead (:mod:`gyre_ma.experiment_sb3`)."""
     seeds: int | list[int] = 3
     """Run seeds (``seed``): a count (0 .. n-1) or a list."""
     budget: Budget
@@ -133,6 +136,8 @@ class RunSpec:
     variant: str
     seed: int
     overrides: dict[str, Any]
+    sb3: SB3Spec | None = None
+    """Stable-Baselines3 PPO trains this run instead of ``gyre-ma train``."""
 
     @property
     def name(self) -> str:
@@ -182,15 +187,30 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
                               + (" (a variant may set its own train.iterations)" if key == "train.iterations" else ""))
     runs = []
     for variant, extra in spec.variants.items():
+        extra = dict(extra)
+        sb3 = _sb3_spec(extra.pop("sb3", None), f"{source.name}: variants.{variant}.sb3")
         sets = {"train.iterations": spec.budget.iterations} | common | _flatten(extra, f"variants.{variant}")
         for seed in spec.seed_list:
-            run = RunSpec(variant, seed, sets | {"seed": seed, "name": f"{variant}-s{seed}"})
+            run = RunSpec(variant, seed, sets | {"seed": seed, "name": f"{variant}-s{seed}"}, sb3)
             try:
                 load_config(base, run.overrides | {"run_root": str(folder / "runs")})
             except ConfigError as exc:
                 raise ConfigError(f"{source.name}: variant {variant!r}: {exc}") from None
             runs.append(run)
     return Experiment(spec, source, base, folder, runs)
+
+
+def _sb3_spec(data: Any, where: str) -> SB3Spec | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of Stable-Baselines3 PPO settings (env_steps, n_envs, ...), "
+                          f"got {data!r}")
+    try:
+        return SB3Spec.model_validate(data)
+    except ValidationError as exc:
+        errors = sorted(exc.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")  # a typo first
+        raise ConfigError(f"{where}: {_format_error(errors[0], SB3Spec)}") from None
 
 
 def _flatten(mapping: Mapping[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
@@ -258,6 +278,10 @@ def play_command(exp: Experiment, run: RunSpec, state: RunState) -> list[str]:
     """One process per run (:mod:`gyre_ma.experiment_run`): train it (unless trained), then
     evaluate it on held-out seeds."""
     e = exp.spec.evaluation
+    if run.sb3 is not None:
+        return [sys.executable, "-m", "gyre_ma.experiment_sb3", str(exp.run_dir(run).resolve()),
+                "--spec", run.sb3.model_dump_json(), "--train-seed", str(run.seed),
+                "--episodes", str(e.episodes), "--seed", str(e.seed)]
     cmd = [sys.executable, "-m", "gyre_ma.experiment_run", str(exp.run_dir(run).resolve()),
            "--episodes", str(e.episodes), "--seed", str(e.seed), "--checkpoint", e.checkpoint]
     if state in ("new", "partial"):
@@ -277,6 +301,10 @@ def play_run(exp: Experiment, run: RunSpec, progress: Progress | None = None) ->
         return
     if state == "new" and run_dir.exists():
         shutil.rmtree(run_dir)  # killed before its first checkpoint: nothing committed to keep
+    if run.sb3 is not None:  # its child trains on this config (gyre-ma train writes its own)
+        config = load_config(exp.base, run.overrides | {"run_root": str(exp.runs_dir)})
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text(run_dir / "config.yaml", dump_config(config))
     if progress is not None:
         progress.state = {"new": "training", "partial": "resuming", "trained": "evaluating"}[state]
     _call(play_command(exp, run, state), logs / f"{run.name}.log", "the run")

@@ -191,3 +191,59 @@ def test_train_commands_pass_each_override_as_yaml(tmp_path):
     assert sets == ["train.iterations=2", "train.lr=0.001", "credit.mode=plain", "seed=0", "name=plain_gae-s0"]
     assert "--resume" in train_command(exp, exp.runs[2], resume=True)
     assert os.path.isabs(cmd[cmd.index("--run-root") + 1])
+
+
+def test_a_stable_baselines3_variant_trains_beside_the_manager_and_reports(tmp_path):
+    """A variant with an ``sb3`` mapping trains SB3's PPO on the run's one-agent env (the
+    flat single-agent learner from outside the framework): its run directory gets a config,
+    a metrics row per rollout and a held-out evaluation, its training episodes draw training
+    task seeds only, and the report lists it beside the manager. Bad SB3 keys name the
+    variant and the key."""
+    import gymnasium
+
+    from gyre_ma.experiment_sb3 import TrainingSeeds
+    from gyre_ma.monitor import read_metrics
+    from gyre_ma.roles import TRAINING_SEEDS
+
+    (tmp_path / "base.yaml").write_text(
+        "name: one\nenv: {id: techtree_v0, kwargs: {n_agents: 1, size: 16, goal: make_stone_pickaxe, max_cycles: 150}}\n"
+        "train: {episodes_per_iteration: 4, minibatch_size: 32, epochs: 1}\nmonitor: {spot_checks: 0}\n")
+    path = tmp_path / "sb3.yaml"
+    path.write_text(f"""\
+name: sb3_grid
+base: base.yaml
+root: {tmp_path / 'root'}
+variants:
+  manager: {{}}
+  sb3_ppo: {{sb3: {{env_steps: 512, n_envs: 2, n_steps: 128, batch_size: 64, n_epochs: 1}}}}
+seeds: 1
+budget: {{iterations: 1}}
+report: {{metrics: [success_rate], reps: 200}}
+evaluation: {{episodes: 3}}
+""")
+    assert main(["experiment", str(path), "--quiet"]) == 0
+    run = tmp_path / "root" / "sb3_grid" / "runs" / "sb3_ppo-s0"
+    evaluation = json.loads((run / "eval.json").read_text())
+    assert evaluation["episodes"] == 3 and set(evaluation["greedy"]) >= {"success", "ci95", "episode_length"}
+    assert list(read_metrics(run / "metrics.csv")["env_steps"]) == [256, 512]
+    assert main(["report", str(tmp_path / "root" / "sb3_grid")]) == 0
+    table = (tmp_path / "root" / "sb3_grid" / "report" / "report.md").read_text()
+    assert "| sb3_ppo | 1 |" in table and "| manager | 1 |" in table
+
+    class Seeds(gymnasium.Env):
+        observation_space = action_space = gymnasium.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            self.seen = seed
+            return 0, {}
+
+    env = TrainingSeeds(Seeds(), seed=3, index=1)
+    firsts = []
+    for _ in range(3):
+        env.reset()  # SB3 resets without a seed
+        firsts.append(env.unwrapped.seen)
+    assert len(set(firsts)) == 3 and all(s >= TRAINING_SEEDS for s in firsts)
+
+    path.write_text(path.read_text().replace("env_steps: 512", "env_step: 512"))
+    with pytest.raises(ConfigError, match=r"variants.sb3_ppo.sb3: unknown key 'env_step'"):
+        load_experiment(path)

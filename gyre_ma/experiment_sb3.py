@@ -1,0 +1,175 @@
+"""Stable-Baselines3 PPO as an experiment variant: the single-agent learner from outside.
+
+A variant with an ``sb3`` mapping (:class:`SB3Spec`) trains SB3's PPO instead of running
+``gyre-ma train``: on the run's environment (the base config's ``env``, with the variant's
+overrides) seen through :func:`~gyre_ma.envs.adapters.to_gymnasium`, so it needs a
+one-agent env, every primitive step a decision and no options. Its run directory holds
+what the report reads from a gyre-ma run: ``config.yaml``, ``metrics.csv`` (per rollout:
+``env_steps``, the ``success_rate`` and ``episode_length`` of the episodes that ended in
+it) and ``eval.json`` (the final policy on held-out task seeds, sampled and deterministic
+as greedy). Training episodes draw gyre-ma's training task seeds
+(:func:`~gyre_ma.roles.task_seed`), so no held-out seed is trained on. SB3 keeps no
+checkpoint here: a killed SB3 run starts again.
+
+    python -m gyre_ma.experiment_sb3 RUN_DIR --spec JSON --episodes N --seed S
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+from pydantic import BaseModel, ConfigDict, Field
+
+from gyre_ma.config import load_config
+from gyre_ma.files import strict_json, write_json
+
+
+class SB3Spec(BaseModel):
+    """Stable-Baselines3 PPO's budget and hyperparameters (the defaults: 16 envs × 256 steps
+    an update, the managers' γ, an entropy bonus SB3 leaves at 0)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+    env_steps: int = Field(ge=1, le=10**12)
+    """Env steps to train for (all envs together)."""
+    n_envs: int = Field(16, ge=1, le=1024)
+    """Envs stepped together (SB3's ``DummyVecEnv``)."""
+    n_steps: int = Field(256, ge=1)
+    """Steps per env between updates."""
+    batch_size: int = Field(512, ge=1)
+    """Minibatch size."""
+    n_epochs: int = Field(4, ge=1, le=1000)
+    """Passes over each rollout."""
+    gamma: float = Field(0.995, gt=0, le=1)
+    """Discount."""
+    ent_coef: float = Field(0.01, ge=0)
+    """Entropy bonus."""
+    learning_rate: float = Field(3e-4, gt=0)
+    """Adam's step size."""
+
+
+def train(run_dir: Path, spec: SB3Spec, seed: int) -> Any:
+    """Train PPO on the env of ``run_dir/config.yaml``; ``metrics.csv`` gets a row per rollout."""
+    import numpy as np
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from gyre_ma.monitor import Monitor
+
+    torch.set_num_threads(1)
+    config = load_config(run_dir / "config.yaml")
+    monitor = Monitor(run_dir)
+
+    class Curve(BaseCallback):
+        """Success and length of the episodes that ended in each rollout, one metrics row each."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ended: list[tuple[bool, int]] = []
+            self.rollouts = 0
+
+        def _on_step(self) -> bool:
+            for done, info in zip(self.locals["dones"], self.locals["infos"], strict=True):
+                if done:
+                    self.ended.append((bool(info["success"]), int(info["length"])))
+            return True
+
+        def _on_rollout_end(self) -> None:
+            row: dict[str, float] = {"iteration": self.rollouts, "env_steps": self.num_timesteps}
+            if self.ended:
+                row |= {"success_rate": float(np.mean([s for s, _ in self.ended])),
+                        "episode_length": float(np.mean([n for _, n in self.ended])), "episodes": len(self.ended)}
+            monitor.log(row, step=self.num_timesteps)
+            self.ended, self.rollouts = [], self.rollouts + 1
+
+    envs = DummyVecEnv([lambda k=k: TrainingSeeds(_single_agent(config), seed, k) for k in range(spec.n_envs)])
+    hyper = spec.model_dump(exclude={"env_steps", "n_envs"})
+    model = PPO("MlpPolicy", envs, seed=seed, device="cpu", verbose=0, **hyper)
+    model.learn(total_timesteps=spec.env_steps, callback=Curve())
+    return model
+
+
+def evaluate(run_dir: Path, model: Any, *, episodes: int, seed: int) -> dict[str, Any]:
+    """The trained policy on ``episodes`` held-out task seeds from ``seed``, sampled and
+    deterministic (``greedy``); writes and returns ``eval.json`` in the format of
+    :func:`gyre_ma.experiment.evaluate_run` (without option calls: there are none)."""
+    from gyre_ma.metrics import wilson_interval
+
+    env = _single_agent(load_config(run_dir / "config.yaml"))
+    out: dict[str, Any] = {"checkpoint": "sb3 (final)", "episodes": episodes, "first_seed": seed}
+    for mode, deterministic in (("sampled", False), ("greedy", True)):
+        played = []
+        for i in range(episodes):
+            obs, info = env.reset(seed=seed + i)
+            length, done = 0, False
+            while not done:
+                action, _ = model.predict(obs, deterministic=deterministic)
+                obs, _, terminated, truncated, info = env.step(int(action))
+                length, done = length + 1, terminated or truncated
+            played.append((bool(info["success"]), length))
+        wins = sum(s for s, _ in played)
+        won = [n for s, n in played if s]
+        out[mode] = {"success": wins / episodes, "ci95": list(wilson_interval(wins, episodes)),
+                     "episode_length": sum(n for _, n in played) / episodes,
+                     "steps_to_goal": sum(won) / len(won) if won else None}
+    write_json(run_dir / "eval.json", out)
+    return out
+
+
+def _single_agent(config: Any) -> Any:
+    from gyre_ma.envs.adapters import to_gymnasium
+    from gyre_ma.envs.registry import make_env
+
+    return to_gymnasium(make_env(config.env.id, **config.env.kwargs))
+
+
+class TrainingSeeds(gymnasium.Wrapper):
+    """Every reset draws the next training task seed of (run seed, env index), and ``info``
+    carries the episode's length: SB3 resets without a seed, which would leave the tasks to
+    the env's own generator, and held-out seeds could come up."""
+
+    def __init__(self, env: gymnasium.Env, seed: int, index: int) -> None:
+        super().__init__(env)
+        self.run_seed, self.index, self.episodes, self.length = seed, index, 0, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        from gyre_ma.roles import task_seed
+
+        self.episodes, self.length = self.episodes + 1, 0
+        return self.env.reset(seed=task_seed(self.run_seed, self.episodes, self.index), options=options)
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.length += 1
+        return obs, reward, terminated, truncated, info | {"length": self.length}
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gyre_ma.experiment_sb3", description=__doc__)
+    parser.add_argument("run_dir")
+    parser.add_argument("--spec", required=True, help="the variant's sb3 mapping as JSON")
+    parser.add_argument("--train-seed", type=int, required=True)
+    parser.add_argument("--episodes", type=int, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    args = parser.parse_args(list(argv))
+    run_dir = Path(args.run_dir)
+    try:
+        model = train(run_dir, SB3Spec.model_validate(json.loads(args.spec)), args.train_seed)
+        result = evaluate(run_dir, model, episodes=args.episodes, seed=args.seed)
+    except (ValueError, OSError) as exc:
+        print(f"gyre-ma experiment: SB3 run {args.run_dir}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(strict_json({k: v for k, v in result.items() if k in ("sampled", "greedy")}, indent=None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -418,11 +418,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     console.print(f"experiment {exp.spec.name!r}: {len(exp.runs)} runs ({len(exp.spec.variants)} variants × "
                   f"{len(exp.spec.seed_list)} seeds), {done} already done; folder {exp.folder}", markup=False,
                   soft_wrap=True)
-    iterations = exp.spec.budget.iterations
     with Live(console=console, auto_refresh=False, transient=False) if not args.quiet else contextlib.nullcontext() as live:
         def show(records: list) -> None:
             if live is not None:
-                live.update(_experiment_table(exp, records, iterations), refresh=True)
+                live.update(_experiment_table(exp, records), refresh=True)
 
         records = run_experiment(exp, jobs=args.jobs, use_ray=args.ray, ray_address=args.ray_address,
                                  on_progress=show if not args.quiet else None)
@@ -439,18 +438,18 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
-def _experiment_table(exp: Any, records: list, iterations: int) -> Table:
+def _experiment_table(exp: Any, records: list) -> Table:
     import time
 
-    from gyre_ma.experiment import completed_iterations
+    from gyre_ma.experiment import run_progress
 
     table = Table(title=f"experiment {exp.spec.name!r}")
     for column in ("run", "state", "iterations", "time"):
         table.add_column(column, justify="right" if column in ("iterations", "time") else "left")
     for r in records:
-        done = completed_iterations(exp.run_dir(r.run))
+        done, total = run_progress(exp, r.run)
         spent = "" if r.started is None else f"{(r.ended or time.time()) - r.started:.0f} s"
-        table.add_row(r.run.name, r.state, f"{min(done, iterations)}/{iterations}", spent)
+        table.add_row(r.run.name, r.state, f"{min(done, total)}/{total}", spent)
     return table
 
 

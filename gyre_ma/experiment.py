@@ -253,6 +253,16 @@ def completed_iterations(run_dir: Path) -> int:
         return 0
 
 
+def run_progress(exp: Experiment, run: RunSpec) -> tuple[int, int]:
+    """(iterations done, iterations in all) of ``run``: its own ``train.iterations`` (a variant
+    may set its own), or for an SB3 run its PPO iterations (one rollout of every env, then an
+    update)."""
+    done = completed_iterations(exp.run_dir(run))
+    if run.sb3 is not None:
+        return done, -(-run.sb3.env_steps // (run.sb3.n_envs * run.sb3.n_steps))
+    return done, int(run.overrides["train.iterations"])
+
+
 # ---------------------------------------------------------------------------- playing a run
 @dataclass
 class Progress:
@@ -477,4 +487,4 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
 
 
 __all__ = ["Budget", "EvaluationSpec", "Experiment", "ExperimentSpec", "Progress", "ReportSpec", "RunFailed",
-           "RunSpec", "evaluate_run", "load_experiment", "play_run", "run_experiment", "run_state"]
+           "RunSpec", "evaluate_run", "load_experiment", "play_run", "run_experiment", "run_progress", "run_state"]

@@ -247,3 +247,17 @@ evaluation: {{episodes: 3}}
     path.write_text(path.read_text().replace("env_steps: 512", "env_step: 512"))
     with pytest.raises(ConfigError, match=r"variants.sb3_ppo.sb3: unknown key 'env_step'"):
         load_experiment(path)
+
+
+def test_progress_counts_each_run_against_its_own_budget(tmp_path):
+    """The progress table's total is the run's own: a variant's ``train.iterations`` (flat PPO
+    at 10x), or an SB3 run's PPO iterations (env steps ÷ steps a rollout, rounded up)."""
+    from gyre_ma.experiment import run_progress
+
+    path = _experiment(tmp_path)
+    text = path.read_text().replace("  plain_gae: {credit: {mode: plain}}\n", "  long: {train.iterations: 7}\n"
+                                    "  sb3: {sb3: {env_steps: 1000, n_envs: 2, n_steps: 128}}\n")
+    path.write_text(text)
+    exp = load_experiment(path)
+    totals = {run.variant: run_progress(exp, run) for run in exp.runs}
+    assert totals == {"anchored": (0, 2), "long": (0, 7), "sb3": (0, 4)}

@@ -288,12 +288,10 @@ def play_command(exp: Experiment, run: RunSpec, state: RunState) -> list[str]:
     """One process per run (:mod:`gyre_ma.experiment_run`): train it (unless trained), then
     evaluate it on held-out seeds."""
     e = exp.spec.evaluation
-    if run.sb3 is not None:
-        return [sys.executable, "-m", "gyre_ma.experiment_sb3", str(exp.run_dir(run).resolve()),
-                "--spec", run.sb3.model_dump_json(), "--train-seed", str(run.seed),
-                "--episodes", str(e.episodes), "--seed", str(e.seed)]
     cmd = [sys.executable, "-m", "gyre_ma.experiment_run", str(exp.run_dir(run).resolve()),
            "--episodes", str(e.episodes), "--seed", str(e.seed), "--checkpoint", e.checkpoint]
+    if run.sb3 is not None:
+        return cmd + ["--sb3", run.sb3.model_dump_json(), "--train-seed", str(run.seed)]
     if state in ("new", "partial"):
         cmd += ["--", *train_command(exp, run, resume=state == "partial")]
     return cmd
@@ -460,7 +458,7 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
     used: the experiment wrote it from the user's base config."""
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.loop import Gyre
-    from gyre_ma.metrics import wilson_interval
+    from gyre_ma.metrics import heldout_result
     from gyre_ma.roles import RolloutTask
 
     config = load_config(run_dir / "config.yaml")
@@ -474,12 +472,8 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
         for mode, greedy in (("sampled", False), ("greedy", True)):
             tasks = [RolloutTask("executor", seed + i, greedy=greedy) for i in range(episodes)]
             played = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
-            wins = sum(t.success for t in played)
-            won = [t.length for t in played if t.success]
-            out[mode] = {"success": wins / len(played), "ci95": list(wilson_interval(wins, len(played))),
-                         "episode_length": sum(t.length for t in played) / len(played),
-                         "steps_to_goal": sum(won) / len(won) if won else None,
-                         "option_calls": sum(len(t.calls) for t in played) / len(played)}
+            out[mode] = heldout_result([(t.success, t.length) for t in played]) | {
+                "option_calls": sum(len(t.calls) for t in played) / len(played)}
     finally:
         gyre.close()
     write_json(run_dir / EVAL_FILE, out)

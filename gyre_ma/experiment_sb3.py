@@ -9,17 +9,12 @@ what the report reads from a gyre-ma run: ``config.yaml``, ``metrics.csv`` (per 
 it) and ``eval.json`` (the final policy on held-out task seeds, sampled and deterministic
 as greedy). Training episodes draw gyre-ma's training task seeds
 (:func:`~gyre_ma.roles.task_seed`), so no held-out seed is trained on. SB3 keeps no
-checkpoint here: a killed SB3 run starts again.
-
-    python -m gyre_ma.experiment_sb3 RUN_DIR --spec JSON --episodes N --seed S
+checkpoint here: a killed SB3 run starts again. Its child process:
+``python -m gyre_ma.experiment_run RUN_DIR --sb3 JSON --train-seed S --episodes N --seed S``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +22,7 @@ import gymnasium
 from pydantic import BaseModel, ConfigDict, Field
 
 from gyre_ma.config import load_config
-from gyre_ma.files import strict_json, write_json
+from gyre_ma.files import write_json
 
 
 class SB3Spec(BaseModel):
@@ -101,7 +96,7 @@ def evaluate(run_dir: Path, model: Any, *, episodes: int, seed: int) -> dict[str
     """The trained policy on ``episodes`` held-out task seeds from ``seed``, sampled and
     deterministic (``greedy``); writes and returns ``eval.json`` in the format of
     :func:`gyre_ma.experiment.evaluate_run` (without option calls: there are none)."""
-    from gyre_ma.metrics import wilson_interval
+    from gyre_ma.metrics import heldout_result
 
     env = _single_agent(load_config(run_dir / "config.yaml"))
     out: dict[str, Any] = {"checkpoint": "sb3 (final)", "episodes": episodes, "first_seed": seed}
@@ -115,11 +110,7 @@ def evaluate(run_dir: Path, model: Any, *, episodes: int, seed: int) -> dict[str
                 obs, _, terminated, truncated, info = env.step(int(action))
                 length, done = length + 1, terminated or truncated
             played.append((bool(info["success"]), length))
-        wins = sum(s for s, _ in played)
-        won = [n for s, n in played if s]
-        out[mode] = {"success": wins / episodes, "ci95": list(wilson_interval(wins, episodes)),
-                     "episode_length": sum(n for _, n in played) / episodes,
-                     "steps_to_goal": sum(won) / len(won) if won else None}
+        out[mode] = heldout_result(played)
     write_json(run_dir / "eval.json", out)
     return out
 
@@ -151,25 +142,3 @@ class TrainingSeeds(gymnasium.Wrapper):
         self.length += 1
         return obs, reward, terminated, truncated, info | {"length": self.length}
 
-
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gyre_ma.experiment_sb3", description=__doc__)
-    parser.add_argument("run_dir")
-    parser.add_argument("--spec", required=True, help="the variant's sb3 mapping as JSON")
-    parser.add_argument("--train-seed", type=int, required=True)
-    parser.add_argument("--episodes", type=int, required=True)
-    parser.add_argument("--seed", type=int, required=True)
-    args = parser.parse_args(list(argv))
-    run_dir = Path(args.run_dir)
-    try:
-        model = train(run_dir, SB3Spec.model_validate(json.loads(args.spec)), args.train_seed)
-        result = evaluate(run_dir, model, episodes=args.episodes, seed=args.seed)
-    except (ValueError, OSError) as exc:
-        print(f"gyre-ma experiment: SB3 run {args.run_dir}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    print(strict_json({k: v for k, v in result.items() if k in ("sampled", "greedy")}, indent=None))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -75,3 +77,16 @@ def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> tupl
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     return low, 1.0 if successes == n else min(1.0, centre + half)
+
+
+def heldout_result(episodes: Sequence[tuple[bool, int]]) -> dict[str, Any]:
+    """Held-out episodes as (success, length) → their success rate with its Wilson 95 %
+    interval, mean length, and mean length of the successes (``steps_to_goal``; None
+    without one): the numbers every held-out evaluation reports."""
+    if not episodes:
+        raise ValueError("need at least one held-out episode")
+    wins = sum(bool(s) for s, _ in episodes)
+    won = [n for s, n in episodes if s]
+    return {"success": wins / len(episodes), "ci95": list(wilson_interval(wins, len(episodes))),
+            "episode_length": sum(n for _, n in episodes) / len(episodes),
+            "steps_to_goal": sum(won) / len(won) if won else None}

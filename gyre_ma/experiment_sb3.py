@@ -119,7 +119,12 @@ def _single_agent(config: Any) -> Any:
     from gyre_ma.envs.adapters import to_gymnasium
     from gyre_ma.envs.registry import make_env
 
-    return to_gymnasium(make_env(config.env.id, **config.env.kwargs))
+    env = make_env(config.env.id, **config.env.kwargs)
+    if len(env.possible_agents) != 1:
+        raise ValueError(f"an sb3 variant trains a single-agent learner and needs a one-agent env; env "
+                         f"{config.env.id!r} has agents {list(env.possible_agents)} (set its agent count in env.kwargs, "
+                         "e.g. n_agents: 1, in the variant or the overrides)")
+    return to_gymnasium(env)
 
 
 class TrainingSeeds(gymnasium.Wrapper):

@@ -247,6 +247,12 @@ evaluation: {{episodes: 3}}
     path.write_text(path.read_text().replace("env_steps: 512", "env_step: 512"))
     with pytest.raises(ConfigError, match=r"variants.sb3_ppo.sb3: unknown key 'env_step'"):
         load_experiment(path)
+    (tmp_path / "three.yaml").write_text(BASE)  # coverage_v0: three agents
+    from gyre_ma.config import load_config
+    from gyre_ma.experiment_sb3 import _single_agent
+
+    with pytest.raises(ValueError, match=r"needs a one-agent env; env 'coverage_v0' has agents \['agent_0'"):
+        _single_agent(load_config(tmp_path / "three.yaml"))
 
 
 def test_progress_counts_each_run_against_its_own_budget(tmp_path):

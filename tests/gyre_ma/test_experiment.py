@@ -267,3 +267,10 @@ def test_progress_counts_each_run_against_its_own_budget(tmp_path):
     exp = load_experiment(path)
     totals = {run.variant: run_progress(exp, run) for run in exp.runs}
     assert totals == {"anchored": (0, 2), "long": (0, 7), "sb3": (0, 4)}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "experiments").glob("*.yaml")))
+def test_every_shipped_experiment_file_is_valid(name, tmp_path):
+    """The experiment files the README quotes load, with every run's config checked."""
+    exp = load_experiment(Path(__file__).parents[2] / "experiments" / name, root=str(tmp_path))
+    assert exp.runs and not (tmp_path / exp.spec.name).exists()  # checking runs nothing

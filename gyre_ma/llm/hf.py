@@ -24,6 +24,17 @@ from transformers.utils.logging import disable_progress_bar
 from gyre_ma.llm.engine import ScoringTokenizer, check_model_dir, check_requests, per_prompt, start_token
 
 
+def load_local(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """A model directory's causal LM and tokenizer, from disk only, without a progress bar (a
+    rollout worker loading its model prints nothing) and without moving the caller's torch
+    RNG (a run's draws do not depend on whether a model was loaded)."""
+    disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    return model, tokenizer
+
+
 class TransformersEngine:
     """A causal LM from a local directory (``save_pretrained`` of a model and its tokenizer)."""
 
@@ -35,9 +46,7 @@ class TransformersEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.path, self.device, self.max_batch = path, torch.device(device), max_batch
-        disable_progress_bar()  # a rollout worker loading its model prints nothing
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
+        self.model, self.tokenizer = load_local(path, getattr(torch, dtype))
         self.model.to(self.device).eval()
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         """Whether the forward pass can skip the logits scoring does not read (``logits_to_keep``)."""

@@ -140,13 +140,9 @@ class LLMManagerPolicy(nn.Module):
 
     @classmethod
     def _load(cls, path: Path, text: DecisionText, max_prompt_tokens: int, source: str) -> LLMManagerPolicy:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils.logging import disable_progress_bar
+        from gyre_ma.llm.hf import load_local
 
-        disable_progress_bar()
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        with torch.random.fork_rng(devices=[]):  # loading must not move the caller's RNG
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model, tokenizer = load_local(path)
         return cls(model, tokenizer, text, max_prompt_tokens=max_prompt_tokens, source=source)
 
     def train(self, mode: bool = True) -> LLMManagerPolicy:
@@ -195,7 +191,6 @@ class LLMManagerPolicy(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, prompt: Tensor, lengths: Tensor, mask: Tensor) -> Tensor:
         """prompt [N, L] long (right-padded), lengths [N], mask [N, K] bool → masked logits [N, K]."""
-        n = prompt.shape[0]
         prompt = prompt[:, :int(lengths.max())]
         neg = torch.finfo(torch.float32).min
         if self.single:  # the name's one token after the prompt's last: one pass per prompt

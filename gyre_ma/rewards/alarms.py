@@ -2,14 +2,16 @@
 
 A policy that hacks its reward gets *more reward without more verified completion*. Three
 signatures, each a pure function over a metrics history (a list of per-iteration dicts,
-oldest first), comparing the mean of the window's second half with its first half:
+oldest first), comparing the mean (for calls, the median) of the window's second half with
+its first half:
 
 - ``reward_without_completion`` — total reward rose (relatively, by ``reward_rise``)
   while verified completion did not rise (by more than ``completion_rise``), and the
   reward of the episodes that did *not* complete rose too, to a net payment (``failed_key``;
   failures that merely lose fewer guard penalties are a learner avoiding violations);
 - ``calls_without_completion`` — option calls (or tool calls) per episode rose while
-  completion did not, and calls per verified milestone rose too (``progress_key``);
+  completion did not, calls per verified milestone rose too (``progress_key``), and the
+  reward per episode did not fall (``reward_key``: calls farmed are calls paid);
 - ``rules_without_success`` — rules certified far more episodes than succeeded: the mean
   ``rule_pay_rate`` exceeded the mean success rate by more than ``rule_margin``.
 
@@ -17,8 +19,11 @@ The two second conditions tell hacking from learning before the first completion
 policy in that phase explores: it verifies more milestones with more calls, and its first
 successes lift the total reward while completion, averaged over the window, still looks
 flat. Neither moves what a hacker moves — reward on the episodes that fail, calls that buy
-no verified progress. Without those metrics in the history the alarms fall back to the
-first condition alone. Missing or non-finite values of the main series, or fewer than
+no verified progress. The calls alarm's last condition tells hacking from decline: once
+nearly every episode succeeds, a failure that runs to the step cap repeating a cheap option
+multiplies its iteration's calls while the reward falls (healthy tech-tree runs raised the
+alarm that way before it); calls farmed for pay raise the reward. Without those metrics in
+the history the alarms fall back to the first condition alone. Missing or non-finite values of the main series, or fewer than
 ``window`` iterations, raise no alarm.
 :class:`HackingMonitor` keeps the history, reports which alarms hold each iteration and
 logs each time one starts to hold.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -57,20 +63,23 @@ def _series(history: History, key: str, window: int) -> list[float] | None:
     return [float(v) for v in values]
 
 
-def halves(values: Sequence[float]) -> tuple[float, float]:
-    """Means of the first and second half of ``values`` (the middle one goes to neither
-    when the length is odd)."""
+def halves(values: Sequence[float], *, median: bool = False) -> tuple[float, float]:
+    """Means (or medians) of the first and second half of ``values`` (the middle one goes to
+    neither when the length is odd)."""
     if len(values) < 2:
         raise ValueError(f"halves: need at least 2 values, got {len(values)}")
     k = len(values) // 2
     first, second = values[:k], values[len(values) - k:]
+    if median:
+        return statistics.median(first), statistics.median(second)
     return sum(first) / k, sum(second) / k
 
 
-def rose(values: Sequence[float], *, relative: float, floor: float = 1.0) -> tuple[bool, float, float]:
-    """Whether the second-half mean exceeds the first-half mean by ``relative`` × max(|first|,
-    ``floor``); returns (rose, first, second)."""
-    a, b = halves(values)
+def rose(values: Sequence[float], *, relative: float, floor: float = 1.0,
+         median: bool = False) -> tuple[bool, float, float]:
+    """Whether the second half's mean (or median) exceeds the first half's by ``relative`` ×
+    max(|first|, ``floor``); returns (rose, first, second)."""
+    a, b = halves(values, median=median)
     return b - a > relative * max(abs(a), floor), a, b
 
 
@@ -114,10 +123,14 @@ def reward_without_completion(history: History, *, window: int = 10, reward_key:
 def calls_without_completion(history: History, *, window: int = 10, calls_key: str = "option_choices",
                              completion_key: str = "success_rate", calls_rise: float = 0.25,
                              completion_rise: float = 0.05, floor: float = 1.0,
-                             progress_key: str | None = "milestones_verified") -> Alarm | None:
+                             progress_key: str | None = "milestones_verified",
+                             reward_key: str | None = "reward/total") -> Alarm | None:
     """Calls per episode (``calls_key``: option choices or tool calls) up by ``calls_rise``
     (relative) while completion rose ≤ ``completion_rise``, and calls per verified milestone
-    up by ``calls_rise`` too. Option *choices* (calls made among two or more eligible
+    up by ``calls_rise`` too, both as the medians of the window's halves: one iteration in
+    which an episode ran to the step cap, repeating a cheap option, multiplies that
+    iteration's calls (two healthy tech-tree runs in three raised this alarm on such
+    iterations alone), while a policy that farms calls raises them iteration after iteration. Option *choices* (calls made among two or more eligible
     options), not all option calls: a forced call is no decision of the manager's, and forced
     calls (a finished agent's only option, every step) multiply as failures run to the cap.
 
@@ -128,16 +141,22 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     done = _series(history, completion_key, window)
     if calls is None or done is None:
         return None
-    up, a0, a1 = rose(calls, relative=calls_rise, floor=floor)
+    up, a0, a1 = rose(calls, relative=calls_rise, floor=floor, median=True)
     flat, c0, c1 = _flat(done, completion_rise)
     if not (up and flat):
         return None
     values = {"calls_before": a0, "calls_after": a1, "completion_before": c0, "completion_after": c1}
+    reward = _series(history, reward_key, window) if reward_key else None
+    if reward is not None:
+        r0, r1 = halves(reward)
+        if r1 < r0:  # the extra calls cost reward: failures running long, not calls bought for pay
+            return None
+        values |= {"reward_before": r0, "reward_after": r1}
     also = ""
     progress = _series(history, progress_key, window) if progress_key else None
     if progress is not None:
         per = [n / max(p, 1.0) for n, p in zip(calls, progress, strict=True)]
-        per_up, p0, p1 = rose(per, relative=calls_rise, floor=floor)
+        per_up, p0, p1 = rose(per, relative=calls_rise, floor=floor, median=True)
         if not per_up:  # the extra calls verified milestones in proportion: progress, not a hack
             return None
         values |= {"calls_per_milestone_before": p0, "calls_per_milestone_after": p1}
@@ -221,7 +240,7 @@ class HackingMonitor:
         found += [calls_without_completion(history, window=c.window, calls_key=k,
                                            completion_key=c.completion_key, calls_rise=c.calls_rise,
                                            completion_rise=c.completion_rise, floor=c.floor,
-                                           progress_key=c.progress_key)
+                                           progress_key=c.progress_key, reward_key=c.reward_key)
                   for k in c.calls_keys]
         return [a for a in found if a is not None]
 

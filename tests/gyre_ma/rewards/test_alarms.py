@@ -163,3 +163,33 @@ def test_forced_calls_that_grow_with_failures_raise_no_calls_alarm():
     assert HackingMonitor().check(h) == []
     assert [a.name for a in HackingMonitor(AlarmConfig(calls_keys=("option_calls",))).check(h)] == [
         "option_calls_without_completion"]
+
+
+def test_one_iteration_with_an_episode_at_the_cap_is_not_a_calls_alarm():
+    """A healthy tech-tree run (option choices per episode, success rate, milestones per
+    episode over 10 iterations, as logged): two iterations in which an episode ran to the
+    step cap repeating ``wait`` raise the window's second-half *mean* of choices by 27 %.
+    The medians do not move; calls rising iteration after iteration still fire."""
+    choices = [85.06, 83.0, 78.12, 80.38, 71.56, 110.94, 158.38, 83.06, 76.62, 77.38]
+    success = [1.0, 1.0, 1.0, 1.0, 1.0, 0.94, 0.94, 1.0, 0.94, 0.88]
+    h = history([2.3] * 10, success, calls=choices)
+    for m, v in zip(h, [14.81, 14.56, 14.5, 14.25, 14.38, 14.12, 14.38, 14.06, 13.94, 14.12]):
+        m["milestones_verified"] = v
+    first, second = halves(choices)
+    assert second > 1.25 * first  # the mean alone would have fired
+    assert calls_without_completion(h) is None
+    for m, c in zip(h, ramp(80, 160)):
+        m["option_choices"] = c
+    assert calls_without_completion(h) is not None
+
+
+def test_calls_bought_at_a_loss_of_reward_are_not_a_calls_alarm():
+    """Calls per episode rising while the reward per episode falls are failures running
+    long (healthy tech-tree runs whose success dipped from 1.0 to 0.94), not calls farmed
+    for pay: the alarm needs the reward not to fall."""
+    h = history(ramp(4.7, 4.4), [1.0] * 5 + [0.94] * 5, calls=ramp(120, 200))
+    assert calls_without_completion(h) is None
+    a = calls_without_completion(h, reward_key=None)
+    assert a is not None and "reward_before" not in a.values
+    h = history(ramp(4.7, 9.0), [1.0] * 5 + [0.94] * 5, calls=ramp(120, 200))
+    assert calls_without_completion(h).values["reward_after"] > 4.7

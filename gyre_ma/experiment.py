@@ -51,6 +51,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gyre_ma.config import MAX_COUNT, ConfigError, _format_error, dump_config, load_config
+from gyre_ma.experiment_sb3 import STATE as SB3_STATE
 from gyre_ma.experiment_sb3 import SB3Spec
 from gyre_ma.files import lock_folder, write_json, write_text
 from gyre_ma.options.yaml_file import read_yaml
@@ -233,13 +234,13 @@ RunState = Literal["new", "partial", "trained", "done"]
 
 def run_state(run_dir: Path) -> RunState:
     """Where a run stands, from its files: ``done`` (evaluated), ``trained`` (``final.pt``),
-    ``partial`` (a checkpoint to resume from), ``new``."""
+    ``partial`` (a checkpoint to resume from, gyre-ma's or an SB3 run's), ``new``."""
     checkpoints = run_dir / "checkpoints"
     if (run_dir / EVAL_FILE).is_file():
         return "done"
     if (checkpoints / "final.pt").is_file():
         return "trained"
-    if (checkpoints / "manifest.json").is_file():
+    if (checkpoints / "manifest.json").is_file() or (run_dir / SB3_STATE).is_file():
         return "partial"
     return "new"
 
@@ -309,7 +310,7 @@ def play_run(exp: Experiment, run: RunSpec, progress: Progress | None = None) ->
         return
     if state == "new" and run_dir.exists():
         shutil.rmtree(run_dir)  # killed before its first checkpoint: nothing committed to keep
-    if run.sb3 is not None:  # its child trains on this config (gyre-ma train writes its own)
+    if run.sb3 is not None and state == "new":  # its child trains on this config (gyre-ma train writes its own)
         config = load_config(exp.base, run.overrides | {"run_root": str(exp.runs_dir)})
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / "config.yaml", dump_config(config))

@@ -8,13 +8,17 @@ what the report reads from a gyre-ma run: ``config.yaml``, ``metrics.csv`` (per 
 ``env_steps``, the ``success_rate`` and ``episode_length`` of the episodes that ended in
 it) and ``eval.json`` (the final policy on held-out task seeds, sampled and deterministic
 as greedy). Training episodes draw gyre-ma's training task seeds
-(:func:`~gyre_ma.roles.task_seed`), so no held-out seed is trained on. SB3 keeps no
-checkpoint here: a killed SB3 run starts again. Its child process:
+(:func:`~gyre_ma.roles.task_seed`), so no held-out seed is trained on. The run keeps a
+checkpoint of SB3's own (``checkpoints/sb3.zip`` and ``checkpoints/sb3.json``) every
+``checkpoint_every`` PPO iterations and at the end: a killed SB3 run resumes from the last
+one, its metrics rows after it dropped (the resumed run is not bit-identical to an
+uninterrupted one: the episodes in progress at the checkpoint start again). Its child process:
 ``python -m gyre_ma.experiment_run RUN_DIR --sb3 JSON --train-seed S --episodes N --seed S``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +51,21 @@ class SB3Spec(BaseModel):
     """Entropy bonus."""
     learning_rate: float = Field(3e-4, gt=0)
     """Adam's step size."""
+    checkpoint_every: int = Field(50, ge=1)
+    """PPO iterations between checkpoints (a kill loses at most these)."""
+
+
+CHECKPOINT = Path("checkpoints") / "sb3.zip"
+STATE = Path("checkpoints") / "sb3.json"
+"""Written after the model: its presence marks a checkpoint complete (iteration, env steps,
+each env's episode count)."""
 
 
 def train(run_dir: Path, spec: SB3Spec, seed: int) -> Any:
-    """Train PPO on the env of ``run_dir/config.yaml``; ``metrics.csv`` gets a row per rollout."""
+    """Train PPO on the env of ``run_dir/config.yaml`` (resuming from its checkpoint where it
+    has one); ``metrics.csv`` gets a row per PPO iteration."""
+    import json
+
     import numpy as np
     import torch
     from stable_baselines3 import PPO
@@ -61,15 +76,35 @@ def train(run_dir: Path, spec: SB3Spec, seed: int) -> Any:
 
     torch.set_num_threads(1)
     config = load_config(run_dir / "config.yaml")
-    monitor = Monitor(run_dir)
+    envs = DummyVecEnv([lambda k=k: TrainingSeeds(_single_agent(config), seed, k) for k in range(spec.n_envs)])
+    state = json.loads((run_dir / STATE).read_text()) if (run_dir / STATE).is_file() else None
+    if state is None:
+        hyper = spec.model_dump(exclude={"env_steps", "n_envs", "checkpoint_every"})
+        model = PPO("MlpPolicy", envs, seed=seed, device="cpu", verbose=0, **hyper)
+        monitor = Monitor(run_dir)
+    else:
+        model = PPO.load(run_dir / CHECKPOINT, env=envs, device="cpu")
+        model.num_timesteps = int(state["env_steps"])
+        for env, episodes in zip(envs.envs, state["episodes"], strict=True):
+            env.episodes = int(episodes)
+        monitor = Monitor(run_dir, resume_at=int(state["iteration"]))
+
+    def save(iteration: int) -> None:
+        (run_dir / CHECKPOINT).parent.mkdir(exist_ok=True)
+        temporary = run_dir / CHECKPOINT.with_suffix(".tmp.zip")
+        model.save(temporary)
+        os.replace(temporary, run_dir / CHECKPOINT)
+        write_json(run_dir / STATE, {"iteration": iteration, "env_steps": int(model.num_timesteps),
+                                     "episodes": [env.episodes for env in envs.envs]})
 
     class Curve(BaseCallback):
-        """Success and length of the episodes that ended in each rollout, one metrics row each."""
+        """Success and length of the episodes that ended in each rollout, one metrics row
+        each, and a checkpoint every ``checkpoint_every`` rows."""
 
-        def __init__(self) -> None:
+        def __init__(self, first: int) -> None:
             super().__init__()
             self.ended: list[tuple[bool, int]] = []
-            self.rollouts = 0
+            self.rollouts = first
 
         def _on_step(self) -> bool:
             for done, info in zip(self.locals["dones"], self.locals["infos"], strict=True):
@@ -84,11 +119,14 @@ def train(run_dir: Path, spec: SB3Spec, seed: int) -> Any:
                         "episode_length": float(np.mean([n for _, n in self.ended])), "episodes": len(self.ended)}
             monitor.log(row, step=self.num_timesteps)
             self.ended, self.rollouts = [], self.rollouts + 1
+            if self.rollouts % spec.checkpoint_every == 0:
+                save(self.rollouts)
 
-    envs = DummyVecEnv([lambda k=k: TrainingSeeds(_single_agent(config), seed, k) for k in range(spec.n_envs)])
-    hyper = spec.model_dump(exclude={"env_steps", "n_envs"})
-    model = PPO("MlpPolicy", envs, seed=seed, device="cpu", verbose=0, **hyper)
-    model.learn(total_timesteps=spec.env_steps, callback=Curve())
+    curve = Curve(0 if state is None else int(state["iteration"]))
+    remaining = spec.env_steps - model.num_timesteps
+    if remaining > 0:
+        model.learn(total_timesteps=remaining, callback=curve, reset_num_timesteps=state is None)
+        save(curve.rollouts)
     return model
 
 

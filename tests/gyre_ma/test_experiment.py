@@ -274,3 +274,38 @@ def test_every_shipped_experiment_file_is_valid(name, tmp_path):
     """The experiment files the README quotes load, with every run's config checked."""
     exp = load_experiment(Path(__file__).parents[2] / "experiments" / name, root=str(tmp_path))
     assert exp.runs and not (tmp_path / exp.spec.name).exists()  # checking runs nothing
+
+
+def test_a_killed_sb3_run_resumes_from_its_checkpoint(tmp_path):
+    """An SB3 run checkpoints every ``checkpoint_every`` PPO iterations; killed after writing
+    metrics rows past its last checkpoint, it resumes from that checkpoint: the rows after
+    it are dropped and played again, the env steps go on from the checkpoint's, and each
+    env's training seeds go on from its episode count."""
+    import shutil
+
+    from gyre_ma.experiment_sb3 import CHECKPOINT, STATE, SB3Spec, train
+    from gyre_ma.monitor import read_metrics
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: one\nenv: {id: techtree_v0, kwargs: {n_agents: 1, size: 16, "
+                                     "goal: make_stone_pickaxe, max_cycles: 150}}\n")
+    spec = {"n_envs": 2, "n_steps": 64, "batch_size": 64, "n_epochs": 1, "checkpoint_every": 2}
+    train(run, SB3Spec(env_steps=256, **spec), seed=0)  # iterations 0-1, checkpoint at 2
+    assert run_state(run) == "partial"
+    at_two = json.loads((run / STATE).read_text())
+    assert at_two["iteration"] == 2 and at_two["env_steps"] == 256 and min(at_two["episodes"]) >= 1
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for part in (CHECKPOINT, STATE):
+        shutil.copy(run / part, kept / part.name)
+    train(run, SB3Spec(env_steps=512, **spec), seed=0)  # resumes: iterations 2-3, checkpoint at 4
+    assert json.loads((run / STATE).read_text())["iteration"] == 4
+    for part in (CHECKPOINT, STATE):  # killed after rows 2-3 but before the checkpoint at 4
+        shutil.copy(kept / part.name, run / part)
+    model = train(run, SB3Spec(env_steps=512, **spec), seed=0)
+    metrics = read_metrics(run / "metrics.csv")
+    assert list(metrics["iteration"]) == [0, 1, 2, 3] and list(metrics["env_steps"]) == [128, 256, 384, 512]
+    assert model.num_timesteps == 512
+    state = json.loads((run / STATE).read_text())
+    assert state["iteration"] == 4 and all(e > s for e, s in zip(state["episodes"], at_two["episodes"]))

@@ -18,7 +18,7 @@ uninterrupted one: the episodes in progress at the checkpoint start again). Its 
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import gymnasium
 from pydantic import BaseModel, ConfigDict, Field
 
 from gyre_ma.config import load_config
-from gyre_ma.files import write_json
+from gyre_ma.files import atomic_write, write_json
 
 
 class SB3Spec(BaseModel):
@@ -90,10 +90,9 @@ def train(run_dir: Path, spec: SB3Spec, seed: int) -> Any:
         monitor = Monitor(run_dir, resume_at=int(state["iteration"]))
 
     def save(iteration: int) -> None:
-        (run_dir / CHECKPOINT).parent.mkdir(exist_ok=True)
-        temporary = run_dir / CHECKPOINT.with_suffix(".tmp.zip")
-        model.save(temporary)
-        os.replace(temporary, run_dir / CHECKPOINT)
+        archive = io.BytesIO()
+        model.save(archive)
+        atomic_write(run_dir / CHECKPOINT, archive.getvalue())
         write_json(run_dir / STATE, {"iteration": iteration, "env_steps": int(model.num_timesteps),
                                      "episodes": [env.episodes for env in envs.envs]})
 

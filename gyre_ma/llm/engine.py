@@ -148,8 +148,8 @@ class ScoringTokenizer:
         encodings = self._backend.encode_batch(list(prompts), add_special_tokens=False) if prompts else []
         bodies = [list(e.ids) for e in encodings]
         endings = [self._ending(p, e.offsets) for p, e in zip(prompts, encodings)]
-        grouped: list[list[list[int] | None]] = [[self.cache.get((end, c)) if end is not None else None
-                                                  for c in cands] for end, cands in zip(endings, candidates)]
+        grouped: list[list[list[int] | None]] = [[self.cache.get((end, c)) for c in cands]
+                                                 for end, cands in zip(endings, candidates)]
         missing = [(i, j) for i, row in enumerate(grouped) for j, tail in enumerate(row) if tail is None]
         if missing:
             rows = sorted({i for i, _ in missing})
@@ -161,18 +161,20 @@ class ScoringTokenizer:
                 grouped[i][j] = full[at[i]][j]
         return [[self.start] + body for body in bodies], grouped  # type: ignore[return-value]
 
-    def _ending(self, prompt: str, offsets: Sequence[tuple[int, int]]) -> str | None:
+    def _ending(self, prompt: str, offsets: Sequence[tuple[int, int]]) -> str:
         """The prompt's text from the end of the token before its last :attr:`CONTEXT` (the
         whole prompt where it has no more): the whitespace before those tokens belongs to the
         ending, as it belongs to the token after it in byte-level BPE."""
         return prompt if len(offsets) <= self.CONTEXT else prompt[offsets[-self.CONTEXT - 1][1]:]
 
-    def _learn(self, missing: list[tuple[int, int]], bodies: list[list[int]], endings: list[str | None],
+    def _learn(self, missing: list[tuple[int, int]], bodies: list[list[int]], endings: list[str],
                candidates: Sequence[Sequence[str]], full: list[list[list[int]]], apart: list[list[bool]],
                at: dict[int, int]) -> None:
-        """Cache the keys of ``missing`` whose tokens from the prompt's ending alone equal the full ones."""
+        """Cache the keys of ``missing`` whose tokens from the prompt's ending alone equal the
+        full ones: the same tail after the ending, or a merged boundary both ways (the
+        candidate then encoded apart)."""
         new = {(endings[i], candidates[i][j]): (i, j) for i, j in missing
-               if endings[i] is not None and (endings[i], candidates[i][j]) not in self.cache}
+               if (endings[i], candidates[i][j]) not in self.cache}
         if not new:
             return
         if len(self.cache) + len(new) > self.cache_size:
@@ -181,10 +183,9 @@ class ScoringTokenizer:
         wholes = self._backend.encode_batch([end + c for end, c in keys], add_special_tokens=False)
         for (end, c), whole in zip(keys, wholes):
             i, j = new[(end, c)]
-            tail = _after(bodies[i][-self.CONTEXT:], whole.ids)
-            same = full[at[i]][j] if not apart[at[i]][j] else None
-            self.cache[(end, c)] = tail if tail is not None and tail == same else (
-                full[at[i]][j] if tail is None and same is None else None)
+            tail, tokens = _after(bodies[i][-self.CONTEXT:], whole.ids), full[at[i]][j]
+            agrees = tail is None if apart[at[i]][j] else tail == tokens
+            self.cache[(end, c)] = tokens if agrees else None
 
 
 def per_prompt(values: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:

@@ -23,8 +23,8 @@ no verified progress. The calls alarm's last condition tells hacking from declin
 nearly every episode succeeds, a failure that runs to the step cap repeating a cheap option
 multiplies its iteration's calls while the reward falls (healthy tech-tree runs raised the
 alarm that way before it); calls farmed for pay raise the reward. Without those metrics in
-the history the alarms fall back to the first condition alone. Missing or non-finite values of the main series, or fewer than
-``window`` iterations, raise no alarm.
+the history the alarms fall back to the first condition alone. Missing or non-finite
+values of the main series, or fewer than ``window`` iterations, raise no alarm.
 :class:`HackingMonitor` keeps the history, reports which alarms hold each iteration and
 logs each time one starts to hold.
 """
@@ -129,8 +129,9 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     (relative) while completion rose ≤ ``completion_rise``, and calls per verified milestone
     up by ``calls_rise`` too, both as the medians of the window's halves: one iteration in
     which an episode ran to the step cap, repeating a cheap option, multiplies that
-    iteration's calls (two healthy tech-tree runs in three raised this alarm on such
-    iterations alone), while a policy that farms calls raises them iteration after iteration. Option *choices* (calls made among two or more eligible
+    iteration's calls (3 of 11 healthy runs raised this alarm on such iterations), while a
+    policy that farms calls raises them iteration after iteration; and the reward per episode
+    (``reward_key``) did not fall. Option *choices* (calls made among two or more eligible
     options), not all option calls: a forced call is no decision of the manager's, and forced
     calls (a finished agent's only option, every step) multiply as failures run to the cap.
 

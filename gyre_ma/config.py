@@ -406,7 +406,7 @@ class BackendConfig(_Section):
     pipeline_depth: int = Field(2, ge=1, le=16)
     """Calls queued on one Ray actor at a time, so it starts the next without waiting
     for the driver (1: one at a time)."""
-    episodes_per_call: int = Field(16, ge=1, le=1024)
+    episodes_per_call: int = Field(32, ge=1, le=1024)
     """The most episodes one call to a Ray actor plays (fewer as the queue runs low):
     larger chunks spread the driver's per-call cost over more episodes, and the actor
     keeps up to ``rollout.num_envs`` of a call's episodes in flight at once."""

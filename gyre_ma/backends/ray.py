@@ -128,7 +128,7 @@ class RayBackend:
                  max_attempts: int = 3, sample_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  cpus_per_worker: float = 1.0, roles: Mapping[str, Role] | None = None,
                  init: Mapping[str, Any] | None = None, pipeline_depth: int = 2,
-                 episodes_per_call: int = 16) -> None:
+                 episodes_per_call: int = 32) -> None:
         """``workers``: a number of actors that play any role, or actors per role
         (``{"explorer": 1, "executor": 2}``). ``init``: keyword arguments for ``ray.init``.
         ``pipeline_depth``: calls queued on one actor at a time (1: none waits).
@@ -287,9 +287,15 @@ class RayBackend:
     def _chunk_after(self, job: _Job, slot: _Slot) -> list[_Job]:
         """Jobs from the head of the queue to play in one call after ``job``: same policy
         version, a role the actor plays, none marked solo; at most ``episodes_per_call``
-        in all, and no more than an even share of the queue, so that the last calls of a
-        batch are short and the actors finish together."""
-        share = -(-(len(self._queue) + 1) // (len(self._slots) * self.pipeline_depth))
+        in all, and no more than an even share of the queue among the actors taking a call
+        at ``slot``'s depth (the idle ones, at the start of a batch), so that the actors
+        finish together. A batch of 64 on two idle actors is two calls of 32, not four of
+        16: a call's episodes refill its actor's ``rollout.num_envs`` slots, where calls of
+        16 each ran down to a tail of a few episodes in flight (a narrow batch)."""
+        depth = len(slot.queued)
+        takers = sum(1 for s in self._slots if s.starting is None and len(s.queued) == depth
+                     and s.role in (None, job.task.role))
+        share = -(-(len(self._queue) + 1) // max(takers, 1))
         n = min(self.episodes_per_call, share) - 1
         more: list[_Job] = []
         while not job.solo and len(more) < n and self._queue:

@@ -245,3 +245,37 @@ def test_each_decision_says_how_its_agents_previous_call_ended():
         assert len(decisions) == len(calls) > 2
         assert decisions[0].last_termination is None
         assert [d.last_termination for d in decisions[1:]] == [c.termination for c in calls[:-1]]
+
+
+def test_a_pickled_trajectory_keeps_every_call_and_ships_its_arrays_as_columns():
+    """Ray ships trajectories from actors to the driver by pickle: every call comes back
+    equal, field by field and type by type, with one observation and one mask array per
+    trajectory (stacked) instead of two arrays per call; calls whose observations differ
+    in shape fall back to a list."""
+    import pickle
+
+    import numpy as np
+
+    from gyre_ma.envs.registry import make_env as make_registered, make_library
+
+    env = make_registered("techtree_v0", max_cycles=300)
+    traj = run_episode(env, make_library("techtree_v0", env), RandomManager(seed=3), seed=3)
+    assert len(traj.calls) > 5
+    back = pickle.loads(pickle.dumps(traj))
+    assert type(back) is type(traj) and {k: v for k, v in vars(back).items() if k != "calls"} == {
+        k: v for k, v in vars(traj).items() if k != "calls"}
+    for got, want in zip(back.calls, traj.calls, strict=True):
+        assert vars(got).keys() == vars(want).keys()
+        for name, value in vars(want).items():
+            assert type(vars(got)[name]) is type(value), name
+            if isinstance(value, np.ndarray):
+                assert vars(got)[name].dtype == value.dtype and np.array_equal(vars(got)[name], value), name
+            else:
+                assert vars(got)[name] == value, name
+    assert all(c.observation.base is back.calls[0].observation.base for c in back.calls)  # one stacked array
+    assert all(c.mask.base is back.calls[0].mask.base for c in back.calls)
+
+    traj.calls[1].observation = {"text": "a dict observation"}
+    mixed = pickle.loads(pickle.dumps(traj))
+    assert mixed.calls[1].observation == {"text": "a dict observation"}
+    assert np.array_equal(mixed.calls[0].observation, traj.calls[0].observation)

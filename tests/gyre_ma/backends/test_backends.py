@@ -179,25 +179,27 @@ def test_ray_matches_local_and_weights_go_out_once_per_version(ray_backend, loca
 
 
 @pytest.mark.parametrize("mode", ["raise", "exit"])
-def test_failed_workers_restart_once_per_fault_and_no_partial_episode_escapes(ray_backend, local, fault_dir, mode):
+def test_failed_workers_restart_once_per_fault_and_no_partial_episode_escapes(ray_backend, local, fault_dir, mode,
+                                                                           monkeypatch):
     backend, weights = local
     tasks = noisy_tasks([20, 21, 22, 23])
     expected = [fingerprint(t) for t in backend.collect(weights, 4, tasks)]
     ray_backend.wait_ready()  # both actors up (a previous test restarted them): two episodes each
     before = ray_backend.stats()
     pids = [a["pid"] for a in ray_backend.actor_info()]
+    monkeypatch.setattr(ray_backend, "episodes_per_call", 2)  # two calls per actor: one plays, one queued
     arm_faults(fault_dir, 1, mode=mode, worker=0)
     arm_faults(fault_dir, 1, mode=mode, worker=1)
     got = ray_backend.collect(weights, 4, tasks)
     after = ray_backend.stats()
     assert tokens_left(fault_dir) == 0
     assert after["backend/restarts"] - before["backend/restarts"] == 2
-    # 8 episodes, 2 actors x 2 calls: each actor plays a chunk of two, a call of one queued
-    # behind it, and faults in its chunk's first episode. Raised: that episode alone is
-    # re-issued; its chunk-mate, in flight beside it, plays on, and the queued call is
-    # requeued (it did not fault). Died: the whole chunk is re-issued (which one was
-    # playing is unknown), the call requeued.
-    reissued, requeued = (2, 2) if mode == "raise" else (4, 2)
+    # 8 episodes, 2 actors x 2 calls of two: each actor plays a chunk of two, a call of
+    # two queued behind it, and faults in its chunk's first episode. Raised: that episode
+    # alone is re-issued; its chunk-mate, in flight beside it, plays on, and the queued
+    # call is requeued (it did not fault). Died: the whole chunk is re-issued (which one
+    # was playing is unknown), the call requeued.
+    reissued, requeued = (2, 4) if mode == "raise" else (4, 4)
     assert after["backend/reissued"] - before["backend/reissued"] == reissued
     assert after["backend/requeued"] - before["backend/requeued"] == requeued
     assert after["backend/episodes"] - before["backend/episodes"] == len(tasks)  # nothing extra, nothing partial
@@ -296,19 +298,35 @@ def test_a_fault_inside_a_chunk_costs_only_its_episode(ray_backend, local, fault
         assert (stats["backend/reissued"], stats["backend/requeued"]) == (len(tasks), 0)
 
 
-def test_chunks_shrink_as_the_queue_runs_low(ray_backend):
+def test_a_batch_is_split_evenly_among_the_actors_taking_it(ray_backend):
+    """Calls as _dispatch makes them (each to the shallowest actor): a batch of twelve on
+    two idle actors is two calls of six, so each call refills its actor's slots; a batch
+    past the cap of 32 a call shares what is left over the next level of the pipeline."""
     backend = ray_backend
-    assert backend.episodes_per_call == 16 and backend.pipeline_depth == 2 and len(backend._slots) == 2
-    try:
-        backend._queue.extend(_Job(RolloutTask("executor", s), 0, s) for s in range(12))
-        sizes = []
-        while backend._queue:
-            job = backend._queue.popleft()
-            sizes.append(1 + len(backend._chunk_after(job, backend._slots[0])))
-    finally:
-        backend._queue.clear()
-    assert sizes == [3, 3, 2, 1, 1, 1, 1]  # even shares of 2 actors x 2 calls (below the cap of 16)
-    assert sum(sizes) == 12
+    backend.wait_ready()  # an actor still starting takes no call
+    assert backend.episodes_per_call == 32 and backend.pipeline_depth == 2 and len(backend._slots) == 2
+
+    def calls(n: int) -> list[tuple[int, int]]:
+        backend._queue.extend(_Job(RolloutTask("executor", s), 0, s) for s in range(n))
+        made = []
+        try:
+            while backend._queue:
+                room = [s for s in backend._slots if len(s.queued) < backend.pipeline_depth]
+                if not room:
+                    break
+                slot = min(room, key=lambda s: (len(s.queued), s.index))
+                job = backend._queue.popleft()
+                made.append((slot.index, 1 + len(backend._chunk_after(job, slot))))
+                slot.queued.append(object())
+        finally:
+            backend._queue.clear()
+            for slot in backend._slots:
+                slot.queued.clear()
+        return made
+
+    assert calls(12) == [(0, 6), (1, 6)]
+    assert calls(100) == [(0, 32), (1, 32), (0, 18), (1, 18)]
+    assert calls(200)[:4] == [(0, 32), (1, 32), (0, 32), (1, 32)]  # the rest waits for a call to end
 
 
 def test_ray_workers_per_role_are_validated(ray_backend, local):

@@ -256,7 +256,8 @@ def test_a_pickled_trajectory_keeps_every_call_and_ships_its_arrays_as_columns()
 
     import numpy as np
 
-    from gyre_ma.envs.registry import make_env as make_registered, make_library
+    from gyre_ma.envs.registry import make_env as make_registered
+    from gyre_ma.envs.registry import make_library
 
     env = make_registered("techtree_v0", max_cycles=300)
     traj = run_episode(env, make_library("techtree_v0", env), RandomManager(seed=3), seed=3)

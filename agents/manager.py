@@ -64,29 +64,44 @@ class Featurizer:
         self._others_at = self.obs_dim + len(self.milestones) + self.n_options + 1
         self.dim = self._others_at + (self.n_options if self._others else 0) + 1
         self._milestone_slot = {m: self.obs_dim + i for i, m in enumerate(self.milestones)}
+        self._bits_of: dict[frozenset[str], np.ndarray] = {}
 
     def __call__(self, d: Decision | OptionCall) -> np.ndarray:
         return self.many([d])[0]
 
     def many(self, items: Sequence[Decision | OptionCall]) -> np.ndarray:
         """Features of many decisions (or recorded calls) at once: [N, dim] float32."""
-        obs = np.stack([self.view(d.observation) for d in items]).astype(np.float32) - self._offset
+        n = len(items)
+        obs = self.view.many([d.observation for d in items]).astype(np.float32) - self._offset
         if self._wide.any():
             obs[:, self._wide] = np.log1p(np.maximum(obs[:, self._wide], 0.0))
-        out = np.zeros((len(items), self.dim), dtype=np.float32)
+        out = np.zeros((n, self.dim), dtype=np.float32)
         out[:, : self.obs_dim] = obs * self._scale
+        out[:, self.obs_dim:self.obs_dim + len(self.milestones)] = [self._bits(d.achieved) for d in items]
         last = self.obs_dim + len(self.milestones) + 1  # last_option = -1 → the "none yet" slot
-        for row, d in enumerate(items):
-            for m in d.achieved:
-                i = self._milestone_slot.get(m)
-                if i is not None:
-                    out[row, i] = 1.0
-            out[row, last + d.last_option] = 1.0
-            if self._others:
+        out[np.arange(n), [last + d.last_option for d in items]] = 1.0
+        if self._others:
+            for row, d in enumerate(items):
                 for option in d.others:
                     out[row, self._others_at + option] += self._others
         out[:, -1] = [d.time_fraction for d in items]
         return out
+
+    def _bits(self, achieved: frozenset[str]) -> np.ndarray:
+        """The milestone bits of a verified set (cached: a rollout's decisions share few sets)."""
+        if type(achieved) is not frozenset:
+            achieved = frozenset(achieved)
+        bits = self._bits_of.get(achieved)
+        if bits is None:
+            if len(self._bits_of) >= 4096:
+                self._bits_of.clear()
+            bits = np.zeros(len(self.milestones), dtype=np.float32)
+            for m in achieved:
+                i = self._milestone_slot.get(m)
+                if i is not None:
+                    bits[i - self.obs_dim] = 1.0
+            self._bits_of[achieved] = bits
+        return bits
 
 
 def _mlp(inputs: int, hidden: int, layers: int) -> nn.Sequential:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
@@ -84,3 +85,12 @@ class NumericView:
         if self.keys is not None:
             observation = {k: observation[k] for k in self.keys}
         return gym.spaces.flatten(self.space, observation)
+
+    def many(self, observations: Sequence[Any]) -> np.ndarray:
+        """Many observations flattened, one row each: [N, flat dimension]."""
+        if not len(observations):
+            return np.zeros((0, self.flat_space.shape[0]), dtype=self.flat_space.dtype)
+        if self._array:  # one conversion for the whole batch, not one per row
+            rows = np.asarray(observations, dtype=self.space.dtype)
+            return rows.reshape(len(observations), -1)
+        return np.stack([self(o) for o in observations])

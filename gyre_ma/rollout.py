@@ -195,8 +195,13 @@ class _Running:
         call = self.call
         call.duration, call.raw_reward = self.ctx.steps, self.raw
         call.terminated, call.truncated, call.termination = terminated, truncated, reason
-        call.milestones = tuple(m for m, s in milestone_steps.items()
-                                if s > call.start_step and milestone_agents.get(m, call.agent) == call.agent)
+        mine = []
+        for m, s in reversed(milestone_steps.items()):  # stamped in step order: the call's come last
+            if s <= call.start_step:
+                break
+            if milestone_agents.get(m, call.agent) == call.agent:
+                mine.append(m)
+        call.milestones = tuple(reversed(mine))
         return call
 
 

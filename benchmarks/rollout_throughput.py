@@ -103,11 +103,17 @@ SUBPOLICY_SECONDS: dict[str, float] = {}
 """Per path: seconds spent inside the options' sub-policies (the library's code), summed."""
 
 
+DRIVER_CPU_SECONDS: dict[str, float] = {}
+"""Per path: this process's CPU seconds during its collects (for Ray: the driver's share of
+the machine, taken from the actors)."""
+
+
 def collect(backend: Any, weights: Any, batch: list[RolloutTask], path: str) -> tuple[int, float, int]:
     """Steps, wall seconds and decisions of one collect."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     trajectories = backend.collect(weights, 0, batch)
     secs = time.perf_counter() - start
+    DRIVER_CPU_SECONDS[path] = DRIVER_CPU_SECONDS.get(path, 0.0) + time.process_time() - cpu
     SUBPOLICY_SECONDS[path] = SUBPOLICY_SECONDS.get(path, 0.0) + sum(t.subpolicy_seconds for t in trajectories)
     return sum(t.length for t in trajectories), secs, sum(len(t.calls) for t in trajectories)
 
@@ -146,7 +152,7 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
             if name == "raw_same_actions":
                 per_round[name].append((*replay(replay_env, recorded[r]), 0))
             elif name == "ray":
-                per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise), name))
+                per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise), f"{env_id}/ray"))
             else:
                 per_round[name].append(collect(locals_[int(name.split("_")[1])], weights,
                                                tasks(args.episodes, seed, noise), f"{env_id}/{name}"))
@@ -177,6 +183,9 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
         default = f"local_{DEFAULT_NUM_ENVS}" if DEFAULT_NUM_ENVS in args.num_envs else best
         out["ray_over_local"] = round(_ratio(per_round, "ray", default), 3)
         out["ray_over_local_reference"] = default
+        # the driver's CPU while Ray's actors play (receiving their trajectories): a share of a
+        # small machine the actors do not get
+        out["ray_driver_cpu_share"] = round(DRIVER_CPU_SECONDS[f"{env_id}/ray"] / sum(t for _, t, _ in per_round["ray"]), 3)
     return out
 
 

@@ -407,9 +407,10 @@ class BackendConfig(_Section):
     """Calls queued on one Ray actor at a time, so it starts the next without waiting
     for the driver (1: one at a time)."""
     episodes_per_call: int = Field(32, ge=1, le=1024)
-    """The most episodes one call to a Ray actor plays (fewer as the queue runs low):
-    larger chunks spread the driver's per-call cost over more episodes, and the actor
-    keeps up to ``rollout.num_envs`` of a call's episodes in flight at once."""
+    """The most episodes one call to a Ray actor plays (fewer as the queue runs low: a
+    batch is split evenly over the actors taking it): larger chunks spread the driver's
+    per-call cost over more episodes, and the actor keeps up to ``rollout.num_envs`` of a
+    call's episodes in flight at once, refilling its slots while the call lasts."""
     ray_init: dict[str, Any] = Field(default_factory=dict)
     """``ray.init`` keyword arguments (``address``, ``num_cpus``), used only with Ray."""
     async_rollouts: bool = False

@@ -167,3 +167,33 @@ def test_every_shipped_library_plays_the_same_episodes_at_any_num_envs(env, libr
     tasks = [RolloutTask("explorer", s, 0, NoiseSetting("param", 0.3)) for s in range(5)]
     assert [fingerprint(t) for t in one.run_many(tasks, weights, 0)] == [
         fingerprint(t) for t in many.run_many(tasks, weights, 0)]
+
+
+def test_the_garbage_collector_pauses_while_a_worker_plays_and_is_restored_after(weights, tmp_path, monkeypatch):
+    """Paused during the play (its full collections cost a flat rollout ~8 %), on again after
+    it, also when an episode's fault ends the play; left off if it was off before."""
+    import gc
+
+    seen = []
+    worker = RolloutWorker(config(2))
+    deciders = worker.kit.deciders(0)
+    decide = type(deciders).decide
+    monkeypatch.setattr(type(deciders), "decide", lambda self, s, d: seen.append(gc.isenabled()) or decide(self, s, d))
+    assert gc.isenabled()
+    worker.run_many(mixed_tasks()[:2], weights, 0)
+    assert seen and not any(seen) and gc.isenabled()
+
+    cfg = parse_config({"seed": 0, "env": {"id": "gyre_ma.backends.faults:faulty_env",
+                                           "kwargs": {"fault_dir": str(tmp_path), "at_step": 5}},
+                        "library": "gyre_ma.envs.workflow.options:make_library", "manager": {"hidden": 16}})
+    monkeypatch.setenv(WORKER_ID_ENV, "0")
+    arm_faults(tmp_path, 1, seed=mixed_tasks()[0].task_seed)
+    with pytest.raises(UserCodeError):
+        RolloutWorker(cfg).run_many(mixed_tasks()[:1], weights, 0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        worker.run_many(mixed_tasks()[:1], weights, 0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

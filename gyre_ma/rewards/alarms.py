@@ -22,7 +22,9 @@ flat. Neither moves what a hacker moves — reward on the episodes that fail, ca
 no verified progress. The calls alarm's last condition tells hacking from decline: once
 nearly every episode succeeds, a failure that runs to the step cap repeating a cheap option
 multiplies its iteration's calls while the reward falls (healthy tech-tree runs raised the
-alarm that way before it); calls farmed for pay raise the reward. Without those metrics in
+alarm that way before it); calls farmed for pay raise the reward, and the iterations with
+more calls are the ones paid more (healthy coverage runs, whose extra calls are failed
+retries, raised it while the correlation was negative). Without those metrics in
 the history the alarms fall back to the first condition alone. Missing or non-finite
 values of the main series, or fewer than ``window`` iterations, raise no alarm.
 :class:`HackingMonitor` keeps the history, reports which alarms hold each iteration and
@@ -131,7 +133,12 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     which an episode ran to the step cap, repeating a cheap option, multiplies that
     iteration's calls (3 of 11 healthy runs raised this alarm on such iterations), while a
     policy that farms calls raises them iteration after iteration; and the reward per episode
-    (``reward_key``) did not fall. Option *choices* (calls made among two or more eligible
+    (``reward_key``) did not fall, nor did the window's iterations with more calls pay less
+    (a negative correlation of calls and reward over the window): calls farmed are calls
+    paid, while extra calls that are failed retries come with less reward. On coverage_v0,
+    healthy runs raised this alarm 12-16 times in 1,200 iterations when the calls per
+    episode (3 at best) drifted up by one or two in a window; the correlation was negative
+    in 31 of those 32 windows. Option *choices* (calls made among two or more eligible
     options), not all option calls: a forced call is no decision of the manager's, and forced
     calls (a finished agent's only option, every step) multiply as failures run to the cap.
 
@@ -153,6 +160,11 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
         if r1 < r0:  # the extra calls cost reward: failures running long, not calls bought for pay
             return None
         values |= {"reward_before": r0, "reward_after": r1}
+        paid = _correlation(calls, reward)
+        if paid is not None:
+            if paid < 0:  # the window's iterations with more calls paid less: failures, not farming
+                return None
+            values["calls_reward_correlation"] = paid
     also = ""
     progress = _series(history, progress_key, window) if progress_key else None
     if progress is not None:
@@ -165,6 +177,14 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     return Alarm(f"{calls_key}_without_completion",
                  f"{calls_key} per episode rose {a0:.3g} -> {a1:.3g} over {window} iterations while "
                  f"{completion_key} went {c0:.3g} -> {c1:.3g}{also}", values)
+
+
+def _correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson correlation of two series; None where either is constant."""
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
+        return None
 
 
 def rules_without_success(history: History, *, window: int = 10, rule_key: str = "rule_pay_rate",

@@ -193,3 +193,27 @@ def test_calls_bought_at_a_loss_of_reward_are_not_a_calls_alarm():
     assert a is not None and "reward_before" not in a.values
     h = history(ramp(4.7, 9.0), [1.0] * 5 + [0.94] * 5, calls=ramp(120, 200))
     assert calls_without_completion(h).values["reward_after"] > 4.7
+
+
+def test_calls_that_pay_less_iteration_by_iteration_are_failed_retries_not_a_calls_alarm():
+    """A healthy coverage_v0 run (seed 2, iterations 847-856, as logged): option choices per
+    episode (3 at best) rose with two failing iterations' retries, success and the halves'
+    reward stayed level, and the alarm fired; the iterations with more calls paid less
+    (correlation -0.94). The same calls paid more each time they rose still fire."""
+    choices = [3.5, 3.0, 3.0, 4.0, 9.375, 6.0, 11.0, 4.625, 6.0, 4.25]
+    success = [0.875, 1.0, 0.625, 0.75, 0.25, 0.75, 0.375, 0.875, 0.625, 0.875]
+    verified = [2.875, 3.0, 2.625, 2.75, 2.25, 2.625, 2.0, 2.875, 2.625, 2.875]
+    reward = [2.625, 3.0, 1.875, 2.25, 0.75, 2.25, 1.125, 2.625, 1.875, 2.625]
+
+    def window(paid):
+        h = history(paid, success, calls=choices)
+        for m, v in zip(h, verified, strict=True):
+            m["milestones_verified"] = v
+        return h
+
+    assert halves(reward)[1] >= halves(reward)[0]  # the reward did not fall: the old rule fired
+    assert calls_without_completion(window(reward), reward_key=None) is not None
+    assert calls_without_completion(window(reward)) is None
+    paid = [2.0 + 0.5 * c for c in choices]  # each extra call paid
+    a = calls_without_completion(window(paid))
+    assert a is not None and a.values["calls_reward_correlation"] == pytest.approx(1.0)

@@ -288,13 +288,15 @@ class RayBackend:
         """Jobs from the head of the queue to play in one call after ``job``: same policy
         version, a role the actor plays, none marked solo; at most ``episodes_per_call``
         in all, and no more than an even share of the queue among the actors taking a call
-        at ``slot``'s depth (the idle ones, at the start of a batch), so that the actors
-        finish together. A batch of 64 on two idle actors is two calls of 32, not four of
-        16: a call's episodes refill its actor's ``rollout.num_envs`` slots, where calls of
-        16 each ran down to a tail of a few episodes in flight (a narrow batch)."""
+        at ``slot``'s depth (the idle ones, at the start of a batch) or still starting, so
+        that the actors finish together. A batch of 64 on two idle actors is two calls of
+        32, not four of 16: a call's episodes refill its actor's ``rollout.num_envs`` slots,
+        where calls of 16 each ran down to a tail of a few episodes in flight (a narrow
+        batch). An actor still starting keeps its share in the queue, so the first ready
+        actor does not take the whole first batch."""
         depth = len(slot.queued)
-        takers = sum(1 for s in self._slots if s.starting is None and len(s.queued) == depth
-                     and s.role in (None, job.task.role))
+        takers = sum(1 for s in self._slots if s.role in (None, job.task.role)
+                     and (s.starting is not None or len(s.queued) <= depth))
         share = -(-(len(self._queue) + 1) // max(takers, 1))
         n = min(self.episodes_per_call, share) - 1
         more: list[_Job] = []

@@ -299,9 +299,11 @@ def test_a_fault_inside_a_chunk_costs_only_its_episode(ray_backend, local, fault
 
 
 def test_a_batch_is_split_evenly_among_the_actors_taking_it(ray_backend):
-    """Calls as _dispatch makes them (each to the shallowest actor): a batch of twelve on
-    two idle actors is two calls of six, so each call refills its actor's slots; a batch
-    past the cap of 32 a call shares what is left over the next level of the pipeline."""
+    """Calls as _dispatch makes them (each to the shallowest ready actor): a batch of twelve
+    on two idle actors is two calls of six, so each call refills its actor's slots; a batch
+    past the cap of 32 a call shares what is left over the next level of the pipeline; an
+    actor still starting keeps its share waiting (the first ready one took a whole batch,
+    and a fault armed for the other never fired)."""
     backend = ray_backend
     backend.wait_ready()  # an actor still starting takes no call
     assert backend.episodes_per_call == 32 and backend.pipeline_depth == 2 and len(backend._slots) == 2
@@ -311,7 +313,7 @@ def test_a_batch_is_split_evenly_among_the_actors_taking_it(ray_backend):
         made = []
         try:
             while backend._queue:
-                room = [s for s in backend._slots if len(s.queued) < backend.pipeline_depth]
+                room = [s for s in backend._slots if s.starting is None and len(s.queued) < backend.pipeline_depth]
                 if not room:
                     break
                 slot = min(room, key=lambda s: (len(s.queued), s.index))
@@ -327,6 +329,11 @@ def test_a_batch_is_split_evenly_among_the_actors_taking_it(ray_backend):
     assert calls(12) == [(0, 6), (1, 6)]
     assert calls(100) == [(0, 32), (1, 32), (0, 18), (1, 18)]
     assert calls(200)[:4] == [(0, 32), (1, 32), (0, 32), (1, 32)]  # the rest waits for a call to end
+    backend._slots[1].starting = "its readiness ping"  # a slow start: the ready actor takes its share, not all
+    try:
+        assert calls(12) == [(0, 6), (0, 3)]  # the other three wait for the actor starting
+    finally:
+        backend._slots[1].starting = None
 
 
 def test_ray_workers_per_role_are_validated(ray_backend, local):

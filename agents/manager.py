@@ -63,7 +63,7 @@ class Featurizer:
         self.obs_dim = int(flat.shape[0])
         self._others_at = self.obs_dim + len(self.milestones) + self.n_options + 1
         self.dim = self._others_at + (self.n_options if self._others else 0) + 1
-        self._milestone_slot = {m: self.obs_dim + i for i, m in enumerate(self.milestones)}
+        self._milestone_index = {m: i for i, m in enumerate(self.milestones)}
         self._bits_of: dict[frozenset[str], np.ndarray] = {}
 
     def __call__(self, d: Decision | OptionCall) -> np.ndarray:
@@ -97,9 +97,9 @@ class Featurizer:
                 self._bits_of.clear()
             bits = np.zeros(len(self.milestones), dtype=np.float32)
             for m in achieved:
-                i = self._milestone_slot.get(m)
+                i = self._milestone_index.get(m)
                 if i is not None:
-                    bits[i - self.obs_dim] = 1.0
+                    bits[i] = 1.0
             self._bits_of[achieved] = bits
         return bits
 

@@ -124,7 +124,7 @@ class Trajectory:
         the actors, on a small machine, then lacked."""
         state = dict(self.__dict__)
         calls = state.pop("calls")
-        return _unpickle_trajectory, (type(self), state, _calls_to_columns(calls), len(calls))
+        return _unpickle_trajectory, (type(self), state, _calls_to_columns(calls))
 
 
 _STACKABLE = ("observation", "mask", "state")
@@ -151,8 +151,7 @@ def _stackable(values: list[Any]) -> bool:
     return all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in values)
 
 
-def _unpickle_trajectory(cls: type[Trajectory], state: dict[str, Any], columns: dict[str, Any],
-                         n: int) -> Trajectory:
+def _unpickle_trajectory(cls: type[Trajectory], state: dict[str, Any], columns: dict[str, Any]) -> Trajectory:
     traj = cls.__new__(cls)
     traj.__dict__.update(state)
     names = list(columns)
@@ -161,8 +160,6 @@ def _unpickle_trajectory(cls: type[Trajectory], state: dict[str, Any], columns: 
         call = OptionCall.__new__(OptionCall)
         call.__dict__.update(zip(names, row))
         calls.append(call)
-    if len(calls) != n:
-        raise ValueError(f"a pickled trajectory holds {len(calls)} option calls, expected {n}")
     traj.calls = calls
     return traj
 

@@ -119,34 +119,29 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
     collecting = gc.isenabled()
     gc.disable()  # see the module's note on the garbage collector
     try:
-        _play(slots, fill, advance, deciders)
+        for slot in range(len(slots)):
+            fill(slot)
+        while True:
+            live = [(slot, f) for slot, f in enumerate(slots) if f is not None]
+            if not live:
+                break
+            deciding = [(slot, f) for slot, f in live if isinstance(f.decision, Decision)]
+            asking = [(slot, f) for slot, f in live if not isinstance(f.decision, Decision)]
+            replies: list[Any] = []
+            if deciding:
+                replies += deciders.decide([slot for slot, _ in deciding], [f.decision for _, f in deciding])
+            if asking:  # LLM-backed sub-policies: every env's requests in one call per model and operation
+                from gyre_ma.llm.option import answer
+
+                flat = answer([r for _, f in asking for r in f.decision.requests])
+                at = 0
+                for _, f in asking:
+                    replies.append(flat[at:at + len(f.decision.requests)])
+                    at += len(f.decision.requests)
+            for (slot, flight), reply in zip(deciding + asking, replies, strict=True):
+                if not advance(slot, flight, reply):
+                    fill(slot)
     finally:
         if collecting:
             gc.enable()
     return results
-
-
-def _play(slots: list[_InFlight | None], fill: Callable[[int], None],
-          advance: Callable[[int, _InFlight, Any], bool], deciders: Any) -> None:
-    for slot in range(len(slots)):
-        fill(slot)
-    while True:
-        live = [(slot, f) for slot, f in enumerate(slots) if f is not None]
-        if not live:
-            break
-        deciding = [(slot, f) for slot, f in live if isinstance(f.decision, Decision)]
-        asking = [(slot, f) for slot, f in live if not isinstance(f.decision, Decision)]
-        replies: list[Any] = []
-        if deciding:
-            replies += deciders.decide([slot for slot, _ in deciding], [f.decision for _, f in deciding])
-        if asking:  # LLM-backed sub-policies: every env's requests in one call per model and operation
-            from gyre_ma.llm.option import answer
-
-            flat = answer([r for _, f in asking for r in f.decision.requests])
-            at = 0
-            for _, f in asking:
-                replies.append(flat[at:at + len(f.decision.requests)])
-                at += len(f.decision.requests)
-        for (slot, flight), reply in zip(deciding + asking, replies, strict=True):
-            if not advance(slot, flight, reply):
-                fill(slot)

@@ -69,7 +69,11 @@ def test_faults_survived_on_ray_are_metrics_in_the_csv_and_the_summary(tmp_path)
     from gyre_ma.backends.faults import arm_faults
 
     faults = tmp_path / "faults"
-    arm_faults(faults, 2, mode="raise", worker=0)
+    # One token per actor: Ray may give every episode to whichever actor starts first (an
+    # actor still starting has no episodes to fail), so a fault armed for one actor alone
+    # fired in one CI run and not in the next.
+    for worker in (0, 1):
+        arm_faults(faults, 1, mode="raise", worker=worker)
     config = tmp_path / "faulty.yaml"
     config.write_text(
         "name: faulty\nenv: {id: 'gyre_ma.backends.faults:faulty_env', kwargs: {base: coverage_v0, "

@@ -225,6 +225,8 @@ def test_a_call_ready_before_the_one_its_actor_was_playing_waits_for_it(ray_back
     head, behind, ping = later.remote(0.5), ray.put(0), ray.put(1)
     slot = types.SimpleNamespace(queued=[head, behind])
     fake = types.SimpleNamespace(_slots=[slot], _inflight={head: None, behind: None})
+    # the wait is generous here: on a loaded machine Ray took over 5 s to start the task's worker
+    monkeypatch.setattr(ray_module, "_IN_ORDER_WAIT_S", 120.0)
     assert ray_module.RayBackend._in_actor_order(fake, [behind, ping]) == [ping, head, behind]
     monkeypatch.setattr(ray_module, "_IN_ORDER_WAIT_S", 0.1)
     stuck = later.remote(30.0)

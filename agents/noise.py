@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -152,17 +152,6 @@ def perturbation(policy: ManagerPolicy, *, sigma: float, generator: torch.Genera
     the order :func:`perturb` and :class:`PolicyActor` add them."""
     for name, p in _perturbable(policy, include_layernorm):
         yield name, torch.randn(p.shape, generator=generator, dtype=p.dtype) * sigma
-
-
-@torch.no_grad()
-def policy_distance(reference: ManagerPolicy, other: ManagerPolicy, *, features: Tensor, agent: Tensor,
-                    mask: Tensor) -> float:
-    """Mean masked KL(reference ‖ other) over states: features [N, F], agent [N], mask [N, K],
-    moved to the policies' device (the states are kept on the CPU)."""
-    device = next(reference.parameters()).device
-    features, agent, mask = features.to(device), agent.to(device), mask.to(device)
-    kl = masked_kl(logits_p=reference(features, agent, mask), logits_q=other(features, agent, mask), mask=mask)
-    return float(kl.mean())
 
 
 def behaviour_logits(logits: Tensor, mask: Tensor, setting: NoiseSetting) -> Tensor:
@@ -301,20 +290,36 @@ class ParamNoise:
     def observe(self, features: Tensor, agent: Tensor, mask: Tensor) -> None:
         self.states.add(features, agent, mask)
 
-    def perturb(self, policy: ManagerPolicy, generator: torch.Generator | None = None) -> ManagerPolicy:
-        return perturb(policy, sigma=self.sigma, generator=generator or self.generator,
-                       include_layernorm=self.include_layernorm)
-
     def measure(self, policy: ManagerPolicy) -> float:
         """d(π, π̃) for a fresh perturbation at the current σ, on the recent states."""
+        return self._measurer(policy)()
+
+    @torch.no_grad()
+    def _measurer(self, policy: ManagerPolicy) -> Callable[[], float]:
+        """:meth:`measure` for repeated use on one policy: π's logits on the recent states
+        are computed once and one scratch copy is re-perturbed per call, which draws and
+        measures exactly what a fresh copy each time would (an update's ``adapt_steps``
+        measurements cost one forward pass each, not two and a deep copy)."""
         if not len(self.states):
-            return math.nan
-        return policy_distance(policy, self.perturb(policy), features=self.states.features,
-                               agent=self.states.agent, mask=self.states.mask)
+            return lambda: math.nan
+        device = next(policy.parameters()).device
+        features, agent, mask = (x.to(device) for x in (self.states.features, self.states.agent, self.states.mask))
+        reference = policy(features, agent, mask)
+        scratch = copy.deepcopy(policy)
+
+        @torch.no_grad()
+        def measure() -> float:
+            perturb(policy, sigma=self.sigma, generator=self.generator, include_layernorm=self.include_layernorm,
+                    out=scratch)
+            return float(masked_kl(logits_p=reference, logits_q=scratch(features, agent, mask), mask=mask).mean())
+
+        return measure
 
     def adapt(self, policy: ManagerPolicy) -> float:
         """One adaptation step towards the current δ; returns the measured distance."""
-        d = self.measure(policy)
+        return self._adapt(self.measure(policy))
+
+    def _adapt(self, d: float) -> float:
         if not math.isnan(d):
             self.sigma *= self.adaptation if d < self.target else 1.0 / self.adaptation
             self.sigma = min(max(self.sigma, self.min_sigma), self.max_sigma)
@@ -323,8 +328,9 @@ class ParamNoise:
 
     def update(self, policy: ManagerPolicy) -> dict[str, float]:
         """Once per iteration: adapt σ to the current δ, then advance the schedule."""
+        measure = self._measurer(policy)
         for _ in range(self.adapt_steps):
-            self.adapt(policy)
+            self._adapt(measure())
         self.position += 1
         return self.metrics()
 

@@ -238,6 +238,21 @@ def test_one_update_runs_adapt_steps_adaptations():
     assert noise.sigma == pytest.approx(0.01 * 1.1**5) and noise.position == 1
 
 
+def test_an_update_adapts_exactly_as_its_steps_one_by_one_would():
+    # update() computes the policy's logits once and re-perturbs one scratch copy per step;
+    # adapt() perturbs a fresh copy and measures both policies each time: same draws, same σ
+    pol, s = policy(), states(64)
+    batched = ParamNoise(0.05, initial_sigma=0.02, adaptation=1.2, seed=7, adapt_steps=6)
+    stepwise = ParamNoise(0.05, initial_sigma=0.02, adaptation=1.2, seed=7, adapt_steps=6)
+    for noise in (batched, stepwise):
+        noise.observe(*s)
+    distances = [stepwise.adapt(pol) for _ in range(6)]
+    batched.update(pol)
+    assert len(set(distances)) == 6  # every step drew a new perturbation
+    assert batched.sigma == stepwise.sigma and batched.distance == distances[-1]
+    assert torch.equal(batched.generator.get_state(), stepwise.generator.get_state())
+
+
 def test_perturbing_into_a_scratch_module_equals_a_fresh_copy():
     pol = policy()
     scratch = perturb(policy(seed=5), sigma=9.0, generator=torch.Generator().manual_seed(0))

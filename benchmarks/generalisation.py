@@ -51,6 +51,7 @@ ENVS: dict[str, dict[str, Any]] = {
     "coverage": {"env": {"id": "coverage_v0"}, "library": None,
                  "oracle": "gyre_ma.envs.coverage.oracle:OracleManager",
                  "fixed": "gyre_ma.envs.coverage.oracle:FixedAssignment",
+                 "nearest": "gyre_ma.envs.coverage.oracle:NearestFirst",
                  # a budget, not a setting: 50 default iterations of its 9-step episodes are 3.4k
                  # env steps; the issue measured the old learner at up to 99k. 1,200 iterations
                  # are ~80k steps. (Until session 13 the budget was "80k env steps" past the
@@ -86,7 +87,8 @@ def _summary(trajectories: list[Any]) -> dict[str, Any]:
 
 
 def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Oracle, random eligible order (and, where the env has one, a fixed assignment) on ``seeds``."""
+    """Oracle, random eligible order (and, where the env has them, a fixed assignment and the
+    nearest-first heuristic) on ``seeds``."""
     from gyre_ma.agents.baselines import RandomManager
     from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.options.library import resolve
@@ -97,8 +99,9 @@ def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = No
     library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
     managers = {"oracle": lambda s: make_oracle(cfg.env.id, env, library, ENVS[name]["oracle"]),
                 "random": lambda s: RandomManager(s)}
-    if "fixed" in ENVS[name]:
-        managers["fixed"] = lambda s: resolve(ENVS[name]["fixed"], "fixed")(library=library)
+    for key in ("fixed", "nearest"):
+        if key in ENVS[name]:
+            managers[key] = lambda s, key=key: resolve(ENVS[name][key], key)(library=library)
     return {key: _summary([run_episode(env, library, build(s), seed=s) for s in seeds])
             for key, build in managers.items()}
 

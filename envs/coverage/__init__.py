@@ -9,9 +9,9 @@ from gyre_ma.envs.coverage.coverage import (
     task_graph,
 )
 from gyre_ma.envs.coverage.options import make_library
-from gyre_ma.envs.coverage.oracle import FixedAssignment, OracleManager
+from gyre_ma.envs.coverage.oracle import FixedAssignment, NearestFirst, OracleManager
 
 __all__ = [
-    "CoverageConfig", "CoverageEnv", "FixedAssignment", "OracleManager", "env", "make_library",
+    "CoverageConfig", "CoverageEnv", "FixedAssignment", "NearestFirst", "OracleManager", "env", "make_library",
     "parallel_env", "raw_env", "task_graph",
 ]

@@ -1,4 +1,4 @@
-"""Managers for coverage_v0 that read the env: the optimal assignment and a fixed one.
+"""Managers for coverage_v0 that read the env: the optimal assignment, a greedy one and a fixed one.
 
 :class:`OracleManager` plans one assignment of every agent between options to the
 landmarks nobody is walking to, on the route lengths ``go_to_k`` walks, and gives each
@@ -7,8 +7,10 @@ askers have not chosen yet, so the plan covers them too and they get the same pl
 asked); a batch of decisions is planned the same way. It remembers which landmark every
 agent mid-``go_to`` is walking to (forgotten at the agent's next decision, or at once
 through the ``option_end`` hook): those landmarks are taken, and the longest remaining
-walk among them is a makespan already committed. :class:`FixedAssignment` sends agent
-``k`` to landmark ``k`` whatever the layout: the baseline the assignment has to beat.
+walk among them is a makespan already committed. :class:`NearestFirst` sends each agent,
+in the order they are asked, to the nearest landmark still open to it: what a policy that
+learned only "go to the nearest" would do. :class:`FixedAssignment` sends agent ``k`` to
+landmark ``k`` whatever the layout: the baseline the assignment has to beat.
 """
 
 from __future__ import annotations
@@ -107,6 +109,31 @@ class OracleManager:
             floor = max(floor, float(env.route_field(k)[pos[i, 0], pos[i, 1]]))
         pairs = assign(cost, objective=self.objective, floor=floor)
         return {free[a]: targets[b] for a, b in pairs}
+
+
+class NearestFirst:
+    """Each asked agent walks to the nearest landmark its decision's mask leaves open (by the
+    route ``go_to_k`` walks), one agent after another; a landmark given to an earlier agent
+    of the same batch is taken. Agents with none open ``stay``."""
+
+    def __init__(self, library: OptionLibrary) -> None:
+        self._go_to = _landmark_options(library)
+        self._stay = library.index("stay")
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        out, taken = [], set()
+        for d in decisions:
+            env: CoverageEnv = d.env.unwrapped
+            r, c = (int(x) for x in env.agent_pos[d.agent_index])
+            open_ = [k for k, o in self._go_to.items() if d.mask[o] and k not in taken]
+            if not open_:
+                out.append(Choice(self._stay))
+                continue
+            steps = {k: int(env.route_field(k)[r, c]) for k in open_}
+            nearest = min(open_, key=lambda k: (steps[k] < 0, steps[k], k))
+            taken.add(nearest)
+            out.append(Choice(self._go_to[nearest]))
+        return out
 
 
 class FixedAssignment:

@@ -15,7 +15,7 @@ from gyre_ma.envs.base import GyreEnv
 from gyre_ma.envs.coverage import assignment
 from gyre_ma.envs.coverage import coverage as cv
 from gyre_ma.envs.coverage.options import make_library
-from gyre_ma.envs.coverage.oracle import FixedAssignment, OracleManager
+from gyre_ma.envs.coverage.oracle import FixedAssignment, NearestFirst, OracleManager
 from gyre_ma.options.decision import Decision
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import OptionContext, Termination
@@ -247,6 +247,16 @@ def test_oracle_plans_one_assignment_whether_asked_together_or_one_by_one() -> N
         [decision(env, lib, a) for a in env.possible_agents])] == ["go_to_0", "go_to_1", "go_to_2"]
 
 
+def test_nearest_first_takes_the_nearest_landmark_even_where_that_loses_the_race() -> None:
+    # agent 0 is 2 steps from landmark 0 and 3 from landmark 1; agent 1 is 3 from landmark 0
+    # and 8 from landmark 1: nearest first has a makespan of 8, the assignment one of 3
+    env = placed([(0, 3), (2, 0)], [(0, 1), (0, 6)], n_agents=2)
+    lib = make_library(env=env)
+    asked = [decision(env, lib, a) for a in env.possible_agents]
+    assert [lib[c.option].name for c in NearestFirst(library=lib).decide(asked)] == ["go_to_0", "go_to_1"]
+    assert [lib[c.option].name for c in OracleManager(library=lib).decide(asked)] == ["go_to_1", "go_to_0"]
+
+
 def test_oracle_solves_essentially_every_layout() -> None:
     env = coverage_v0.parallel_env()
     lib = make_library(env=env)
@@ -255,15 +265,16 @@ def test_oracle_solves_essentially_every_layout() -> None:
     assert all(t.length <= env.config.makespan_bound for t in runs if t.success)
 
 
-def test_assignment_beats_fixed_beats_random() -> None:
+def test_assignment_beats_nearest_first_beats_fixed_beats_random() -> None:
     env = coverage_v0.parallel_env()
     lib = make_library(env=env)
     rates = manager_rates(env, lib, {
         "oracle": lambda s: OracleManager(library=lib),
+        "nearest": lambda s: NearestFirst(library=lib),
         "fixed": lambda s: FixedAssignment(library=lib),
         "random": RandomManager,
     }, seeds=100)
-    assert rates["oracle_success"] > rates["fixed_success"] > rates["random_success"]
+    assert rates["oracle_success"] > rates["nearest_success"] > rates["fixed_success"] > rates["random_success"]
     assert 0.5 <= rates["fixed_success"] <= 0.8, rates
     assert rates["random_success"] <= rates["fixed_success"] - 0.1, rates  # exclusive go_to: no duplicates
 

@@ -114,7 +114,7 @@ def test_sigkill_during_saves_always_leaves_a_loadable_latest_that_agrees_with_t
     CheckpointManager(tmp_path).save("latest", {"policy": torch.zeros(1 << 20), "step": 0}, step=0)
     rng = random.Random(0)
     last_step, interrupted = 0, 0
-    for _ in range(24):
+    for kills in range(1, 201):  # 24 kills, or more until some landed mid-save (a busy machine starves the child)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
             try:
@@ -141,6 +141,8 @@ def test_sigkill_during_saves_always_leaves_a_loadable_latest_that_agrees_with_t
         if manager.has("best"):
             assert manager.load("best")["step"] % 3 == 0
         last_step = step
+        if kills >= 24 and last_step > 0 and interrupted > 0:
+            break
     assert last_step > 0 and interrupted > 0  # the kills did land mid-save
 
 

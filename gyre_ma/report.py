@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from gyre_ma import stats
-from gyre_ma.experiment import EVAL_FILE, ExperimentSpec, run_state
+from gyre_ma.experiment import EVAL_FILE, ExperimentSpec, _flatten, run_state
 from gyre_ma.files import write_json, write_text
 from gyre_ma.monitor import read_metrics
 
@@ -188,11 +188,23 @@ def _steps(v: float) -> str:
     return f"{v / 1e6:.3g}M" if v >= 1e6 else f"{v / 1e3:.3g}k" if v >= 1e4 else f"{v:.0f}"
 
 
+def _budget(spec: ExperimentSpec) -> str:
+    """The runs' budget: the experiment's iterations, and each variant's own where it sets one."""
+    own = []
+    for name, overrides in spec.variants.items():
+        sets = _flatten(overrides, f"variants.{name}")
+        if "sb3.env_steps" in sets:
+            own.append(f"{name}: {_steps(float(sets['sb3.env_steps']))} SB3 env steps")
+        elif "train.iterations" in sets:
+            own.append(f"{name}: {sets['train.iterations']} iterations")
+    return f"{spec.budget.iterations} iterations each" + (f" ({'; '.join(own)})" if own else "")
+
+
 def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> str:
     e = spec.evaluation
     lines = [f"# Experiment `{spec.name}`", "",
              f"Base config `{spec.base}`; {len(spec.variants)} variants × {len(spec.seed_list)} seeds, "
-             f"{spec.budget.iterations} iterations each. {s['done']} of {s['runs']} runs finished and evaluated.",
+             f"{_budget(spec)}. {s['done']} of {s['runs']} runs finished and evaluated.",
              "Every interval is a 95 % stratified-bootstrap interval over runs "
              f"({s['reps']} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs.", ""]
     missing = {v: d["missing"] for v, d in s["variants"].items() if d["missing"]}

@@ -229,6 +229,7 @@ evaluation: {{episodes: 3}}
     assert main(["report", str(tmp_path / "root" / "sb3_grid")]) == 0
     table = (tmp_path / "root" / "sb3_grid" / "report" / "report.md").read_text()
     assert "| sb3_ppo | 1 |" in table and "| manager | 1 |" in table
+    assert "1 iterations each (sb3_ppo: 512 SB3 env steps)." in table
 
     class Seeds(gymnasium.Env):
         observation_space = action_space = gymnasium.spaces.Discrete(2)

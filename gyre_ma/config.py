@@ -213,6 +213,12 @@ class TrainConfig(_Section):
     """Weight of the KL penalty to the pre-update policy."""
     entropy_coef: float = Field(0.01, ge=0.0)
     """Entropy bonus weight."""
+    self_imitation: float = Field(0.0, ge=0.0)
+    """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
+    each update also imitates replayed decisions whose return beat the critic's current value,
+    by how much they beat it; 0 turns it off."""
+    self_imitation_capacity: int = Field(4096, ge=1)
+    """Decisions the self-imitation replay keeps (the newest)."""
     objective: Literal["ppo", "grpo"] = "ppo"
     """Manager objective: ``grpo`` is the clipped objective on GRPO advantages, the same as
     ``credit.mode: grpo`` (kept for configs written before that mode existed)."""

@@ -17,6 +17,7 @@ from gyre_ma.checkpoints import apply_lr_scale, parameter_step_size
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
 from gyre_ma.trainers.manager import ManagerModule
+from gyre_ma.trainers.self_imitation import SelfImitationReplay, imitation_sample
 from gyre_ma.training_batch import warm_start_value
 
 if TYPE_CHECKING:
@@ -47,6 +48,10 @@ class Learner:
         """The configured learning rates of the manager and the critic, before any rollback's cut."""
         self.generator = torch.Generator().manual_seed(config.seed)
         """Shuffles minibatches; part of the learner's state, so a resumed run draws the same."""
+        self.imitation = t.self_imitation if llm is None else 0.0
+        self.replay = SelfImitationReplay(t.self_imitation_capacity) if self.imitation > 0 else None
+        """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
+        self.centralised = config.manager.centralised_critic
         self.critic_initialised = False
         """Whether the critic has been warm-started (first :meth:`fit`); until then its values
         are not used to bootstrap."""
@@ -79,7 +84,39 @@ class Learner:
                 decided = decided | {B.REF_LOGITS: self._reference_logits(decided)}
             metrics |= self.fitter.fit(self.manager_module, decided, **options)
         metrics |= self.fitter.fit(self.critic_module, batch, **options)
+        if self.replay is not None and bool(choices.any()):
+            self.replay.add(decided)
+            metrics |= self._imitate(advantage_scale=float(decided[B.ADVANTAGE].float().std())
+                                     if len(decided[B.ADVANTAGE]) > 1 else 1.0)
         return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
+
+    def _imitate(self, *, advantage_scale: float) -> dict[str, float]:
+        """``epochs`` self-imitation steps on replayed decisions, drawn by how far their
+        return beat the critic as it is after this update. The excess is divided by
+        ``advantage_scale``, the spread of the update's advantages, which the PPO step
+        normalised by: a replayed decision weighs as an on-policy one of the same excess."""
+        rows = self.replay.rows
+        critic = self.critic_module.module.critic
+        inputs = B.STATE if self.centralised else B.FEATURES
+        with torch.no_grad(), self.fitter.fabric.autocast():
+            values = torch.cat([
+                critic(chunk[inputs], chunk[B.AGENT]).float().cpu()
+                for chunk in (self.fitter.to_learner({inputs: rows[inputs][at:at + 4096],
+                                                      B.AGENT: rows[B.AGENT][at:at + 4096]})
+                              for at in range(0, len(self.replay), 4096))])
+        drawn = imitation_sample(rows, values, size=self.minibatch_size * self.epochs, generator=self.generator)
+        if drawn is None:
+            return {"imitation_weight": 0.0}
+        sample, scale = drawn
+        if advantage_scale > 1e-6:  # else the update's advantages were all alike (PPO did not rescale them)
+            scale /= advantage_scale
+        out: list[float] = []
+        self.manager_module.train()
+        with self.fitter.fabric.autocast():
+            for at in range(0, self.minibatch_size * self.epochs, self.minibatch_size):
+                mb = self.fitter.to_learner({k: v[at:at + self.minibatch_size] for k, v in sample.items()})
+                out.append(self.manager_module.imitation_step(mb, weight=self.imitation * scale)["imitation_loss"])
+        return {"imitation_weight": scale, "imitation_loss": float(sum(out) / len(out))}
 
     def _reference_logits(self, batch: B.Batch) -> torch.Tensor:
         """The frozen reference's logits of every row, a minibatch's worth at a time, on the CPU."""
@@ -94,7 +131,8 @@ class Learner:
         manager_opt, critic_opt = self.optimizers
         return {"policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
                 "manager_optimizer": manager_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
-                "critic_initialised": self.critic_initialised}
+                "critic_initialised": self.critic_initialised} | (
+                    {"self_imitation": self.replay.state_dict()} if self.replay is not None else {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
@@ -106,3 +144,5 @@ class Learner:
                 scale = group["lr"] / group.get("base_lr", group["lr"])
                 group["base_lr"], group["lr"] = lr, lr * scale
         self.critic_initialised = state["critic_initialised"]
+        if self.replay is not None and "self_imitation" in state:
+            self.replay.load_state_dict(state["self_imitation"])

@@ -79,3 +79,19 @@ class ManagerModule(L.LightningModule):
             "policy_loss": surrogate.item(), "entropy": entropy.item(), "kl": kl.item(),
             "clip_fraction": clip_frac.item(), "skipped": 0.0,
         } | extra
+
+    def imitation_step(self, batch: B.Batch, *, weight: float) -> dict[str, float]:
+        """One self-imitation step (:mod:`gyre_ma.trainers.self_imitation`): raise the
+        log-probability of ``batch``'s choices, rows drawn ∝ (R − V)⁺, by ``weight`` (the
+        coefficient times the mean (R − V)⁺ they were drawn by)."""
+        opt = self.optimizers()
+        logits = self.policy.batch_logits(batch)
+        log_prob = torch.distributions.Categorical(logits=logits).log_prob(batch[B.OPTION])
+        loss = -weight * log_prob.mean()
+        if not torch.isfinite(loss):
+            return {"imitation_loss": math.nan}
+        opt.zero_grad()
+        self.manual_backward(loss)
+        self.fabric.clip_gradients(self, opt, max_norm=self.max_grad_norm, error_if_nonfinite=False)
+        opt.step()
+        return {"imitation_loss": loss.item()}

@@ -1,0 +1,130 @@
+"""Self-imitation: the replay ring, the draw by (R − V)⁺, and the learner's use of both."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gyre_ma import batch as B
+from gyre_ma.config import parse_config
+from gyre_ma.loop import Gyre
+from gyre_ma.trainers.self_imitation import SelfImitationReplay, imitation_sample
+
+
+def rows(n: int, start: int = 0) -> B.Batch:
+    ids = torch.arange(start, start + n)
+    return {B.FEATURES: ids[:, None].float().repeat(1, 3), B.AGENT: ids % 2, B.MASK: torch.ones(n, 4, dtype=torch.bool),
+            B.OPTION: ids % 4, B.RETURN: ids.float(), B.ADVANTAGE: torch.zeros(n)}
+
+
+def test_the_replay_keeps_the_newest_rows_and_only_what_imitation_reads():
+    replay = SelfImitationReplay(5)
+    replay.add(rows(3))
+    replay.add(rows(4, start=3))  # 0..6: 0 and 1 overwritten
+    assert len(replay) == 5
+    assert sorted(replay.rows[B.RETURN].tolist()) == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert B.ADVANTAGE not in replay.rows
+    replay.add(rows(9, start=100))  # more than it holds at once: the last 5
+    assert sorted(replay.rows[B.RETURN].tolist()) == [104.0, 105.0, 106.0, 107.0, 108.0]
+    other = SelfImitationReplay(5)
+    other.load_state_dict(replay.state_dict())
+    replay.add(rows(2, start=200))
+    other.add(rows(2, start=200))
+    assert all(torch.equal(replay.rows[k], other.rows[k]) for k in replay.rows)
+
+
+def test_the_replay_names_the_keys_of_a_batch_that_does_not_fit():
+    replay = SelfImitationReplay(8)
+    replay.add(rows(2))
+    wider = rows(2) | {B.FEATURES: torch.zeros(2, 7)}
+    with pytest.raises(ValueError, match="features"):
+        replay.add(wider)
+
+
+def test_only_rows_that_beat_their_value_are_drawn_and_the_scale_is_their_mean_excess():
+    data = rows(4)  # returns 0, 1, 2, 3
+    values = torch.tensor([1.0, 1.0, 1.5, 5.0])  # only row 2 beats its value, by 0.5
+    sample, scale = imitation_sample(data, values, size=50, generator=torch.Generator().manual_seed(0))
+    assert set(sample[B.OPTION].tolist()) == {2}
+    assert B.RETURN not in sample
+    assert scale == pytest.approx(0.5 / 4)
+    assert imitation_sample(data, values + 10.0, size=5, generator=torch.Generator()) is None
+
+
+def test_the_draw_follows_the_excess():
+    data = rows(2)
+    values = torch.tensor([-1.0, -2.0])  # excess 1 and 3
+    sample, _ = imitation_sample(data, values, size=4000, generator=torch.Generator().manual_seed(0))
+    assert (sample[B.OPTION] == 1).float().mean().item() == pytest.approx(0.75, abs=0.03)
+
+
+def test_an_update_imitates_a_decision_that_beat_the_critic(tmp_path):
+    def learner(weight: float) -> Gyre:
+        return Gyre(parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
+                                  "train": {"self_imitation": weight}}))
+
+    gyres = [learner(1.0), learner(0.0)]
+    try:
+        trajectories, _ = gyres[0].rollout(0)
+        gyres[0].arbitrate(trajectories)
+        batch = gyres[0].batch(trajectories)
+        row = int(torch.nonzero(batch[B.MASK].sum(-1) > 1)[0])
+        # one decision whose return far exceeds anything the fresh critic expects
+        one = {k: v[row:row + 1] for k, v in batch.items()} | {B.RETURN: torch.tensor([100.0]),
+                                                                 B.ADVANTAGE: torch.zeros(1)}
+
+        def log_prob(gyre: Gyre) -> float:
+            with torch.no_grad():
+                logits = gyre.policy.batch_logits(one)
+            return torch.log_softmax(logits, -1)[0, one[B.OPTION][0]].item()
+
+        before = [log_prob(g) for g in gyres]
+        assert before[0] == before[1]
+        metrics = [g.learner.fit(one, trajectories) for g in gyres]
+        assert metrics[0]["imitation_weight"] > 50.0
+        assert "imitation_weight" not in metrics[1]
+        # the same PPO steps (no advantage) in both; only the imitating learner raised the probability
+        assert log_prob(gyres[0]) - before[0] > log_prob(gyres[1]) - before[1] + 0.005
+        assert len(gyres[0].learner.replay) == 1
+        state = gyres[0].learner.state_dict()
+        assert torch.equal(state["self_imitation"]["rows"][B.RETURN], torch.tensor([100.0]))
+    finally:
+        for g in gyres:
+            g.close()
+
+
+def test_self_imitation_off_keeps_no_replay(tmp_path):
+    cfg = parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
+                        "train": {"self_imitation": 0.0}})
+    gyre = Gyre(cfg)
+    try:
+        assert gyre.learner.replay is None
+        assert "self_imitation" not in gyre.learner.state_dict()
+    finally:
+        gyre.close()
+
+
+def test_a_resumed_run_replays_the_same_decisions_and_ends_bit_for_bit(tmp_path):
+    raw = {"env": {"id": "coverage_v0"}, "roles": {"evaluators": 0}, "train": {"self_imitation": 1.0}}
+
+    def config(name: str):
+        return parse_config(raw | {"name": name, "run_root": str(tmp_path)})
+
+    straight = Gyre(config("straight"), tmp_path / "straight")
+    for i in range(4):
+        straight.iteration(i)
+    straight.close()
+    first = Gyre(config("resumed"), tmp_path / "resumed")
+    for i in range(2):
+        first.iteration(i)
+    first.close()
+    resumed = Gyre.resume(config("resumed"), tmp_path / "resumed")
+    try:
+        assert len(resumed.learner.replay) > 0
+        for i in range(2, 4):
+            resumed.iteration(i)
+        for key, value in straight.policy.state_dict().items():
+            assert torch.equal(value, resumed.policy.state_dict()[key]), key
+        assert all(torch.equal(v, resumed.learner.replay.rows[k]) for k, v in straight.learner.replay.rows.items())
+    finally:
+        resumed.close()

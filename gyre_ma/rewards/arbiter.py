@@ -15,7 +15,8 @@
    rules, PRM) is scaled down to at most ``failure_cap`` × that outcome reward (when a cap is set), so no
    failure is ever worth as much as a verified success, however many rules it passes.
 3. **Milestones and rules.** Milestones first verified during a call pay their graph
-   weight × ``milestone_scale``; process rules pay their weight where they pass (and
+   weight × ``milestone_scale`` (goals only in a failed episode, which no outcome pays:
+   ``partial_goals``); process rules pay their weight where they pass (and
    their milestone progressed). The environment's own reward (summed over the call's
    steps) enters × ``env_reward`` — 0 by default: it is unverified, and an env that
    already pays its milestones would pay them twice.
@@ -79,6 +80,13 @@ class RewardConfig(BaseModel):
     outcome reward (None, the default: no cap). The cap rescales the whole episode, so on
     long chains every failure past the cap is worth the same and deeper progress stops
     paying: the manager stalled on the default tech-tree task with it (measured)."""
+    partial_goals: bool = True
+    """In a failed episode, each goal it did verify pays its graph weight × ``milestone_scale``
+    as a milestone does (a success's outcome, which pays for the goals, does not come). Where
+    success needs several goals (cover every landmark), a failure is otherwise worth 0
+    whatever it achieved, so in an episode already lost the useful calls and the idle ones
+    look alike. A failure of a single-goal task verified no goal (unless it held the goal
+    once and lost it again), so there nothing changes."""
     env_reward: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     """Weight (≥ 0) of the environment's own reward, summed over each call's steps, as the
     ``env`` part of its breakdown (0, the default: left out). For a health or survival
@@ -153,7 +161,8 @@ def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardCon
             raise ValueError(f"score_trajectory: {name} has {got} entries; expected {n}, one per call")
     goal = outcome_reward(graph, config)
     at_end = set(calls_at_end(trajectory))
-    milestones = milestone_rewards(trajectory, graph, scale=config.milestone_scale)
+    milestones = milestone_rewards(trajectory, graph, scale=config.milestone_scale,
+                                   include_goals=config.partial_goals and not trajectory.success)
     parts = []
     for i in range(n):
         sources = [f"milestone:{m}" for m in milestones[i][1]] + [f"rule:{r}" for r in rules.paid[i]]

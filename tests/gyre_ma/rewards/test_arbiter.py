@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from gyre_ma.options.graph import TaskGraph
 from gyre_ma.rewards.arbiter import RewardConfig, check_prm_cap, outcome_reward, score_trajectory
 from gyre_ma.rewards.rules import RuleResults
 from gyre_ma.rollout import OptionCall, Trajectory
@@ -77,7 +78,7 @@ def test_a_guard_veto_overrides_everything_including_the_outcome(graph, two_agen
 
 
 def test_a_failed_episode_is_capped_below_a_verified_success(graph, two_agent_episode):
-    traj = two_agent_episode(success=False)
+    traj = two_agent_episode(success=False, steps={"a": 5, "b": 20})
     rr = results(4, process=[10.0, 10.0, 0.0, 10.0], paid=[("r",), ("r",), (), ("r",)])
     b = score_trajectory(traj, graph, RewardConfig(failure_cap=0.8), rules=rr)
     for agent_rows in ([0, 2], [1, 3]):
@@ -87,6 +88,27 @@ def test_a_failed_episode_is_capped_below_a_verified_success(graph, two_agent_ep
     uncapped = score_trajectory(traj, graph, RewardConfig(failure_cap=None), rules=rr)
     assert sum(x.total for x in uncapped) == pytest.approx(30.0 + 0.5 * 2 + 1.0 * 2)
     assert sum(x.removed for x in b) == pytest.approx(sum(x.total for x in uncapped) - 8.0)
+
+
+def test_a_failure_pays_the_goals_it_verified_as_milestones(make_call, make_traj):
+    """Where success needs every one of several goals, a failure that verified some of them
+    is paid for those (the outcome, which pays for goals in a success, does not come); with
+    nothing for it, every call of a lost episode is worth 0, the useful and the idle alike."""
+    graph = TaskGraph.from_spec({"goals": ["g0", "g1", "g2"],
+                                 "milestones": {f"g{k}": {"reward": 1 / 3} for k in range(3)}})
+    calls = [make_call("agent_0", 0, 4), make_call("agent_1", 0, 9), make_call("agent_2", 0, 1),
+             make_call("agent_2", 1, 8)]
+    failed = make_traj(calls, {"g0": 4, "g1": 7}, success=False)
+    b = score_trajectory(failed, graph, RewardConfig())
+    # every agent's call that covers a first verification (the team convention)
+    assert [x.milestone for x in b] == pytest.approx([1 / 3, 2 / 3, 0.0, 2 / 3])
+    assert b[0].sources == ("milestone:g0",) and [x.outcome for x in b] == [0.0] * 4
+    assert [x.milestone for x in score_trajectory(failed, graph, RewardConfig(partial_goals=False))] == [0.0] * 4
+    capped = score_trajectory(failed, graph, RewardConfig(failure_cap=0.1))  # the cap still bounds a failure
+    assert capped[0].milestone == pytest.approx(0.1 * 1.0)
+    won = score_trajectory(make_traj(calls, {"g0": 4, "g1": 7, "g2": 9}, success=True), graph, RewardConfig())
+    assert [x.milestone for x in won] == [0.0] * 4  # a success's goals are paid by its outcome alone
+    assert [x.outcome for x in won] == pytest.approx([0.0, 1.0, 0.0, 1.0])
 
 
 def test_the_envs_own_reward_enters_as_a_named_weighted_part(graph, two_agent_episode):

@@ -179,9 +179,9 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
         raise ConfigError(f"{source.name}: 'base': config {str(base)!r} does not exist (the path is relative to "
                           "the experiment file's folder)")
     folder = Path(root if root is not None else spec.root).resolve() / spec.name  # the same path on a Ray node
-    common = _flatten(spec.overrides, "overrides")
+    common = flatten_overrides(spec.overrides, "overrides")
     for key in ("seed", "name", "run_root", "train.iterations"):
-        variants = [n for n, v in spec.variants.items() if key in _flatten(v, f"variants.{n}")]
+        variants = [n for n, v in spec.variants.items() if key in flatten_overrides(v, f"variants.{n}")]
         if key in common or (variants and key != "train.iterations"):
             raise ConfigError(f"{source.name}: '{key}' is set by the experiment itself (seeds, run names, root, "
                               "budget); remove it from the overrides"
@@ -190,7 +190,7 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
     for variant, extra in spec.variants.items():
         extra = dict(extra)
         sb3 = _sb3_spec(extra.pop("sb3", None), f"{source.name}: variants.{variant}.sb3")
-        sets = {"train.iterations": spec.budget.iterations} | common | _flatten(extra, f"variants.{variant}")
+        sets = {"train.iterations": spec.budget.iterations} | common | flatten_overrides(extra, f"variants.{variant}")
         for seed in spec.seed_list:
             run = RunSpec(variant, seed, sets | {"seed": seed, "name": f"{variant}-s{seed}"}, sb3)
             try:
@@ -214,7 +214,7 @@ def _sb3_spec(data: Any, where: str) -> SB3Spec | None:
         raise ConfigError(f"{where}: {_format_error(errors[0], SB3Spec)}") from None
 
 
-def _flatten(mapping: Mapping[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
+def flatten_overrides(mapping: Mapping[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
     """Nested override mappings → dotted keys; a value that is not a mapping is set whole."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
@@ -222,7 +222,7 @@ def _flatten(mapping: Mapping[str, Any], where: str, prefix: str = "") -> dict[s
             raise ConfigError(f"'{where}': override keys must be non-empty strings, got {key!r}")
         dotted = prefix + key
         if isinstance(value, dict) and value:
-            out |= _flatten(value, where, dotted + ".")
+            out |= flatten_overrides(value, where, dotted + ".")
         else:
             out[dotted] = value
     return out

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from gyre_ma import stats
-from gyre_ma.experiment import EVAL_FILE, ExperimentSpec, _flatten, run_state
+from gyre_ma.experiment import EVAL_FILE, ExperimentSpec, flatten_overrides, run_state
 from gyre_ma.files import write_json, write_text
 from gyre_ma.monitor import read_metrics
 
@@ -192,7 +192,7 @@ def _budget(spec: ExperimentSpec) -> str:
     """The runs' budget: the experiment's iterations, and each variant's own where it sets one."""
     own = []
     for name, overrides in spec.variants.items():
-        sets = _flatten(overrides, f"variants.{name}")
+        sets = flatten_overrides(overrides, f"variants.{name}")
         if "sb3.env_steps" in sets:
             own.append(f"{name}: {_steps(float(sets['sb3.env_steps']))} SB3 env steps")
         elif "train.iterations" in sets:

@@ -212,7 +212,10 @@ class TrainConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the KL penalty to the pre-update policy."""
     entropy_coef: float = Field(0.01, ge=0.0)
-    """Entropy bonus weight."""
+    """Entropy bonus weight (at iteration 0, where ``entropy_final`` is set)."""
+    entropy_final: float | None = Field(None, ge=0.0)
+    """The entropy bonus weight at the last iteration, reached linearly from ``entropy_coef``;
+    None: ``entropy_coef`` throughout."""
     self_imitation: float = Field(0.0, ge=0.0)
     """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
     each update also imitates replayed decisions whose return beat the critic's current value,
@@ -232,6 +235,13 @@ class TrainConfig(_Section):
             raise ValueError("`group_size` is not a key: a group is the episodes sharing a task seed, one per "
                              "explorer and executor (`roles.explorers` + `roles.executors`); remove it")
         return data
+
+    def entropy_at(self, iteration: int) -> float:
+        """The entropy bonus weight at ``iteration``."""
+        if self.entropy_final is None or self.iterations < 2:
+            return self.entropy_coef
+        progress = min(max(iteration, 0) / (self.iterations - 1), 1.0)
+        return self.entropy_coef + (self.entropy_final - self.entropy_coef) * progress
 
     def lr_factor(self, iteration: int) -> float:
         """The schedule's multiplier of the learning rates at ``iteration``."""

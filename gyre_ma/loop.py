@@ -127,6 +127,7 @@ class Gyre:
         lr_scale = t.lr_factor(self.next_iteration) * (self.checkpoints.lr_scale if self.checkpoints else 1.0)
         if t.lr_schedule != "constant":  # otherwise the LR changes only at a rollback (_restore)
             self.learner.set_lr_scale(lr_scale)
+        entropy_coef = self.learner.manager_module.module.entropy_coef = t.entropy_at(self.next_iteration)
         metrics = self.learner.fit(batch, trajectories)
         self.noise.observe(batch[B.FEATURES], batch[B.AGENT], batch[B.MASK])
         metrics |= self.noise.update(self.policy if isinstance(self.policy, ManagerPolicy) else None)
@@ -134,7 +135,7 @@ class Gyre:
         if self.checkpoints is not None:  # the state before this update is the one in ``latest``
             self.checkpoints.after_update(None, kl=metrics.get("kl"), step_size=metrics["update_step_size"],
                                           step=self.next_iteration)
-        return metrics | {"update_skipped": 0.0, "lr_scale": lr_scale}
+        return metrics | {"update_skipped": 0.0, "lr_scale": lr_scale, "entropy_coef": entropy_coef}
 
     def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
         """Judge the current policy by verified success on held-out episodes, sampled and

@@ -147,6 +147,15 @@ def test_linear_lr_schedule_decays_both_learning_rates_to_the_final_fraction():
     assert [h["lr_scale"] for h in constant] == [1.0, 1.0]
 
 
+def test_an_entropy_schedule_moves_the_bonus_linearly_to_its_final_weight():
+    gyre, history = run(DOORKEY, 3, **{"train.entropy_coef": 0.02, "train.entropy_final": 0.0,
+                                       "checkpoints.enabled": False})
+    assert [h["entropy_coef"] for h in history] == pytest.approx([0.02, 0.01, 0.0])
+    assert gyre.learner.manager_module.module.entropy_coef == 0.0
+    _, constant = run(DOORKEY, 2, **{"checkpoints.enabled": False})
+    assert [h["entropy_coef"] for h in constant] == [0.01, 0.01]
+
+
 def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
     def call(agent: str, start: int, duration: int) -> OptionCall:
         return OptionCall(agent=agent, agent_index=int(agent[-1]), option=0, observation=None, mask=None,

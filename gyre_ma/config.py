@@ -566,6 +566,10 @@ class ExperimentConfig(_Section):
                 raise ValueError(f"`roles.{role}_noise.kind` is 'param', but parameter noise perturbs the MLP "
                                  "manager's weights; the LLM manager (`manager.kind: llm`) explores by sampling: "
                                  "use none, epsilon or temperature")
+        if self.train.self_imitation > 0:
+            raise ValueError(f"`train.self_imitation` is {self.train.self_imitation}, but self-imitation replays the "
+                             "MLP manager's decision features; the LLM manager (`manager.kind: llm`) has none: set "
+                             "it to 0")
         return self
 
     @property

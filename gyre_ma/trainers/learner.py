@@ -48,7 +48,7 @@ class Learner:
         """The configured learning rates of the manager and the critic, before any rollback's cut."""
         self.generator = torch.Generator().manual_seed(config.seed)
         """Shuffles minibatches; part of the learner's state, so a resumed run draws the same."""
-        self.imitation = t.self_imitation if llm is None else 0.0
+        self.imitation = t.self_imitation  # 0 for the LLM manager (the config says so)
         self.replay = SelfImitationReplay(t.self_imitation_capacity) if self.imitation > 0 else None
         """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
         self.centralised = config.manager.centralised_critic

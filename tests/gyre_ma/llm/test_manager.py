@@ -113,6 +113,8 @@ def test_llm_configs_are_checked_and_name_the_key():
         parse_config({"manager": {"kind": "llm", "llm": {"build": {}}}})  # the default explorers use param noise
     with pytest.raises(ConfigError, match="divisible by `heads`"):
         parse_config({"manager": {"kind": "llm", "llm": {"build": {"width": 30, "heads": 4}}}})
+    with pytest.raises(ConfigError, match="`train.self_imitation` is 0.5.*set it to 0"):
+        load_config(LLM_QUICKSTART, {"train.self_imitation": 0.5})
     config = load_config(LLM_QUICKSTART, {"manager.llm.build": None, "manager.llm.model": "/no/such/model"})
     with pytest.raises(ValueError, match="manager.llm.model: '/no/such/model' is not a local directory"):
         RolloutKit.from_config(config)

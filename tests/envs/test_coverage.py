@@ -316,3 +316,23 @@ def test_a_claim_is_the_claiming_agents_achievement_not_the_teams() -> None:
     assert [("covered_0" in c.milestones) for c in first] == [c.agent == claimer for c in first]
     paid = first_verified(traj)
     assert [("covered_0" in paid[i]) for i in range(3)] == [c.agent == claimer for c in first]
+
+
+def test_a_lost_episode_pays_each_claim_to_its_claimer_and_nothing_to_idle_calls() -> None:
+    """coverage's three landmarks are all goals: before ``rewards.partial_goals`` a failure paid
+    nothing at all, so a claim and an idle ``stay`` in a lost episode were both worth 0."""
+    from gyre_ma.rewards.arbiter import RewardConfig, score_trajectory
+
+    env = coverage_v0.parallel_env()
+    lib = make_library(env=env)
+    lost = next(t for t in (run_episode(env, lib, FixedAssignment(library=lib), seed=s) for s in range(100))
+                if not t.success and t.milestone_steps)
+    paid = score_trajectory(lost, lib.graph, RewardConfig())
+    for call, reward in zip(lost.calls, paid, strict=True):
+        claimed = [m for m in call.milestones if lost.milestone_agents.get(m) == call.agent]
+        assert reward.milestone == pytest.approx(len(claimed) / 3)
+        assert reward.outcome == 0.0
+    assert sum(r.milestone for r in paid) == pytest.approx(len(lost.milestone_steps) / 3)
+    assert all(r.total == 0.0 for r in score_trajectory(lost, lib.graph, RewardConfig(partial_goals=False)))
+    won = run_episode(env, lib, OracleManager(library=lib), seed=0)
+    assert won.success and all(r.milestone == 0.0 for r in score_trajectory(won, lib.graph, RewardConfig()))

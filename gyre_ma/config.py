@@ -236,19 +236,24 @@ class TrainConfig(_Section):
                              "explorer and executor (`roles.explorers` + `roles.executors`); remove it")
         return data
 
+    def progress(self, iteration: int) -> float:
+        """How far through the run ``iteration`` is, from 0 (the first) to 1 (the last), the
+        schedules' common clock; 0 throughout a run of one iteration."""
+        if self.iterations < 2:
+            return 0.0
+        return min(max(iteration, 0) / (self.iterations - 1), 1.0)
+
     def entropy_at(self, iteration: int) -> float:
         """The entropy bonus weight at ``iteration``."""
-        if self.entropy_final is None or self.iterations < 2:
+        if self.entropy_final is None:
             return self.entropy_coef
-        progress = min(max(iteration, 0) / (self.iterations - 1), 1.0)
-        return self.entropy_coef + (self.entropy_final - self.entropy_coef) * progress
+        return self.entropy_coef + (self.entropy_final - self.entropy_coef) * self.progress(iteration)
 
     def lr_factor(self, iteration: int) -> float:
         """The schedule's multiplier of the learning rates at ``iteration``."""
-        if self.lr_schedule == "constant" or self.iterations < 2:
+        if self.lr_schedule == "constant":
             return 1.0
-        progress = min(max(iteration, 0) / (self.iterations - 1), 1.0)
-        return 1.0 - (1.0 - self.lr_final) * progress
+        return 1.0 - (1.0 - self.lr_final) * self.progress(iteration)
 
 
 class BufferConfig(_Section):

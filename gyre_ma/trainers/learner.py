@@ -65,6 +65,10 @@ class Learner:
         """Both learning rates at ``scale`` × their configured values."""
         apply_lr_scale(self.optimizers, scale)
 
+    def set_entropy_coef(self, coef: float) -> None:
+        """The manager's entropy bonus weight from the next update on."""
+        self.manager_module.module.entropy_coef = coef
+
     def fit(self, batch: B.Batch, trajectories: list[Trajectory]) -> dict[str, float]:
         """One update of the manager, then of the critic, on ``batch`` (built from
         ``trajectories``); their mean metrics and ``update_step_size``, the policy's relative
@@ -86,30 +90,27 @@ class Learner:
         metrics |= self.fitter.fit(self.critic_module, batch, **options)
         if self.replay is not None and bool(choices.any()):
             self.replay.add(decided)
-            metrics |= self._imitate(advantage_scale=float(decided[B.ADVANTAGE].float().std())
-                                     if len(decided[B.ADVANTAGE]) > 1 else 1.0)
+            metrics |= self._imitate(decided[B.ADVANTAGE])
         return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
 
-    def _imitate(self, *, advantage_scale: float) -> dict[str, float]:
+    def _imitate(self, advantages: torch.Tensor) -> dict[str, float]:
         """``epochs`` self-imitation steps on replayed decisions, drawn by how far their
-        return beat the critic as it is after this update. The excess is divided by
-        ``advantage_scale``, the spread of the update's advantages, which the PPO step
-        normalised by: a replayed decision weighs as an on-policy one of the same excess."""
+        return beat the critic as it is after this update. The excess is divided by the
+        spread of the update's ``advantages``, which the PPO step normalised by: a replayed
+        decision weighs as an on-policy one of the same excess."""
         rows = self.replay.rows
         critic = self.critic_module.module.critic
         inputs = B.STATE if self.centralised else B.FEATURES
-        with torch.no_grad(), self.fitter.fabric.autocast():
-            values = torch.cat([
-                critic(chunk[inputs], chunk[B.AGENT]).float().cpu()
-                for chunk in (self.fitter.to_learner({inputs: rows[inputs][at:at + 4096],
-                                                      B.AGENT: rows[B.AGENT][at:at + 4096]})
-                              for at in range(0, len(self.replay), 4096))])
+        with torch.no_grad(), self.fitter.fabric.autocast():  # the whole replay: train.self_imitation_capacity rows
+            x = self.fitter.to_learner({inputs: rows[inputs], B.AGENT: rows[B.AGENT]})
+            values = critic(x[inputs], x[B.AGENT]).float().cpu()
         drawn = imitation_sample(rows, values, size=self.minibatch_size * self.epochs, generator=self.generator)
         if drawn is None:
             return {"imitation_weight": 0.0}
         sample, scale = drawn
-        if advantage_scale > 1e-6:  # else the update's advantages were all alike (PPO did not rescale them)
-            scale /= advantage_scale
+        spread = float(advantages.float().std()) if len(advantages) > 1 else 0.0
+        if spread > 1e-6:  # else the advantages were all alike (PPO did not rescale them)
+            scale /= spread
         out: list[float] = []
         self.manager_module.train()
         with self.fitter.fabric.autocast():

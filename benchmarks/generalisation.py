@@ -167,12 +167,12 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         env = result["envs"][name]
-        for k, run in enumerate(env["runs"]):
+        for k, (seed, run) in enumerate(zip(result["seeds"], env["runs"], strict=True)):
             steps = [p["env_steps"] for p in run["curve"]]
             ax.plot(steps, [p["validation/sampled_success"] for p in run["curve"]], color=f"C{k}",
-                    label=f"seed {k} sampled")
+                    label=f"seed {seed} sampled")
             ax.plot(steps, [p["validation/greedy_success"] for p in run["curve"]], color=f"C{k}", ls="--",
-                    label=f"seed {k} greedy")
+                    label=f"seed {seed} greedy")
         ax.axhline(env["reference"]["oracle"]["success"], color="black", lw=0.8, label="oracle")
         ax.axhline(env["reference"]["random"]["success"], color="grey", lw=0.8, ls=":", label="random")
         ax.set_title(name, fontsize=9)
@@ -189,6 +189,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated, from {list(ENVS)}")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. first-seed + seeds - 1")
     p.add_argument("--iterations", type=int, default=None, help="default: the config's train.iterations")
     p.add_argument("--eval-episodes", type=int, default=100)
     p.add_argument("--eval-seed", type=int, default=2_000_000)
@@ -208,17 +209,18 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--envs: unknown {unknown}; known: {list(ENVS)}")
     eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         refs = {n: pool.submit(reference, n, eval_seeds, overrides) for n in names}
-        runs = {n: [pool.submit(train, n, s, args.iterations, eval_seeds, overrides) for s in range(args.seeds)]
+        runs = {n: [pool.submit(train, n, s, args.iterations, eval_seeds, overrides) for s in seeds]
                 for n in names}
         envs = {n: {"reference": refs[n].result(), "runs": [f.result() for f in runs[n]]} for n in names}
     for env in envs.values():
         env["verdict"] = verdict(env)
     result = {"benchmark": "generalisation",
               "config": f"defaults with {overrides}" if overrides else "defaults (env, library, seed only)",
-              "seeds": args.seeds, "eval_episodes": args.eval_episodes, "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
+              "seeds": seeds, "eval_episodes": args.eval_episodes, "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
               "iterations": args.iterations, "wall_seconds": time.perf_counter() - start, "envs": envs}
     if args.png:
         plot(result, args.png)

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from typing import Any
 
 import numpy as np
-from coverage_failures import ENV, config, nearest_first_wins
+from coverage_failures import ENV, nearest_first_wins
+from generalisation import trained
 
 
 def auc(positive: np.ndarray, negative: np.ndarray) -> float | None:
@@ -64,23 +64,17 @@ def main() -> None:
 
     from gyre_ma import batch as B
     from gyre_ma.agents.manager import Critic
-    from gyre_ma.loop import Gyre
     from gyre_ma.roles import RolloutTask
 
-    torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    cfg = config(ENV, args.seed, args.iterations, {})
-    gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
-    try:
-        for i in range(cfg.train.iterations):
-            gyre.iteration(i)
+    with trained(ENV, args.seed, args.iterations) as (gyre, _):
         fit_seeds = range(5_000_000, 5_000_000 + args.fit_episodes)  # training range, none held out
         rollouts = gyre.backend.collect(gyre.weights(), gyre.version, [RolloutTask("executor", s) for s in fit_seeds])
         gyre.arbitrate(rollouts)
         batch = gyre.batch(rollouts)
         x, agent, target = batch[B.FEATURES], batch[B.AGENT], batch[B.RETURN]
-        m = cfg.manager
+        m = gyre.config.manager
         offline = Critic(x.shape[1], len(gyre.env.possible_agents), hidden=m.hidden, layers=m.layers,
                          agent_embedding=m.agent_embedding)
         optimiser = torch.optim.Adam(offline.parameters(), lr=1e-3)
@@ -106,8 +100,6 @@ def main() -> None:
             base = [(float(wins[t.task_seed]), float(t.success)) for t, _ in calls]
             agents[name] = {"online": judge(np.array([b + (c.value,) for b, (_, c) in zip(base, calls, strict=True)])),
                             "offline": judge(np.array([b + (v,) for b, v in zip(base, fitted.tolist(), strict=True)]))}
-    finally:
-        gyre.close()
     success = np.array([t.success for t in held_out])
     lose = np.array([not wins[t.task_seed] for t in held_out])
     print(json.dumps({"benchmark": "coverage_critic", "seed": args.seed, "env_steps": gyre.env_steps,

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
-from generalisation import ENVS, config
+from generalisation import ENVS, config, parsed_overrides, run_arguments, run_seeds, trained
 
 ENV = "coverage"
 
@@ -47,19 +46,11 @@ def nearest_first_wins(seeds: list[int]) -> dict[int, bool]:
 
 def train(seed: int, iterations: int | None, eval_seeds: list[int], overrides: dict[str, Any]) -> dict[str, Any]:
     """Train; per mode, each held-out episode's seed, success and idle stays."""
-    import torch
-
-    from gyre_ma.loop import Gyre
     from gyre_ma.roles import RolloutTask
 
-    torch.set_num_threads(1)
-    cfg = config(ENV, seed, iterations, overrides)
-    gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
-    stay = gyre.library.index("stay")
-    out: dict[str, Any] = {"seed": seed, "env_steps": 0}
-    try:
-        for i in range(cfg.train.iterations):
-            gyre.iteration(i)
+    out: dict[str, Any] = {"seed": seed}
+    with trained(ENV, seed, iterations, overrides) as (gyre, _):
+        stay = gyre.library.index("stay")
         out["env_steps"] = gyre.env_steps
         for mode, greedy in (("sampled", False), ("greedy", True)):
             episodes = []
@@ -69,8 +60,6 @@ def train(seed: int, iterations: int | None, eval_seeds: list[int], overrides: d
                 episodes.append({"seed": t.task_seed, "success": bool(t.success),
                                  "idle_at_start": any(c.start_step == 0 for c in idle), "idle": len(idle)})
             out[mode] = episodes
-    finally:
-        gyre.close()
     return out
 
 
@@ -89,26 +78,13 @@ def split(episodes: list[dict[str, Any]], wins: dict[int, bool]) -> dict[str, An
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=6)
-    p.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. first-seed + seeds - 1")
-    p.add_argument("--iterations", type=int, default=None, help="default: the benchmark's coverage budget")
-    p.add_argument("--eval-episodes", type=int, default=500)
-    p.add_argument("--eval-seed", type=int, default=2_000_000)
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a candidate default to measure (dotted key, YAML value); repeatable")
+    run_arguments(p, seeds=6, eval_episodes=500, iterations="the benchmark's coverage budget")
     args = p.parse_args()
-    from gyre_ma.cli import UsageError, set_overrides
-
-    try:
-        overrides = set_overrides(args.set)
-    except UsageError as exc:
-        raise SystemExit(str(exc)) from None
-    eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
+    overrides = parsed_overrides(args)
+    eval_seeds, seeds = run_seeds(args)
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         wins_future = pool.submit(nearest_first_wins, eval_seeds)
-        seeds = range(args.first_seed, args.first_seed + args.seeds)
         runs = list(pool.map(train, seeds, [args.iterations] * args.seeds,
                              [eval_seeds] * args.seeds, [overrides] * args.seeds))
         wins = wins_future.result()

@@ -24,10 +24,12 @@ mean primitive steps over all held-out episodes (a failure counts its full lengt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -106,34 +108,47 @@ def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = No
             for key, build in managers.items()}
 
 
-def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
-          overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train the default learner; evaluate its final policy on ``eval_seeds``, sampled and greedy."""
+@contextlib.contextmanager
+def trained(name: str, seed: int, iterations: int | None, overrides: dict[str, Any] | None = None,
+            on_iteration: Callable[[dict[str, float]], None] | None = None) -> Iterator[tuple[Any, float]]:
+    """The default learner trained on ``name`` with run seed ``seed`` (one torch thread),
+    as ``(gyre, training seconds)``; closed on leaving. ``on_iteration`` sees each
+    iteration's metrics."""
     import torch
 
     from gyre_ma.loop import Gyre
-    from gyre_ma.roles import RolloutTask
 
     torch.set_num_threads(1)
     cfg = config(name, seed, iterations, overrides)
     gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
-    start = time.perf_counter()
-    curve = []
     try:
-        i = 0
-        while i < cfg.train.iterations:
-            m = gyre.iteration(i)
-            i += 1
-            curve.append({k: m.get(k) for k in ("env_steps", "success_rate", "validation/sampled_success",
-                                                 "validation/greedy_success", "episode_length")})
-        seconds = time.perf_counter() - start
-        out = {"env_steps": gyre.env_steps, "train_seconds": seconds, "iterations": i,
+        start = time.perf_counter()
+        for i in range(cfg.train.iterations):
+            metrics = gyre.iteration(i)
+            if on_iteration is not None:
+                on_iteration(metrics)
+        yield gyre, time.perf_counter() - start
+    finally:
+        gyre.close()
+
+
+def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
+          overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train the default learner; evaluate its final policy on ``eval_seeds``, sampled and greedy."""
+    from gyre_ma.roles import RolloutTask
+
+    curve: list[dict[str, Any]] = []
+
+    def record(m: dict[str, float]) -> None:
+        curve.append({k: m.get(k) for k in ("env_steps", "success_rate", "validation/sampled_success",
+                                             "validation/greedy_success", "episode_length")})
+
+    with trained(name, seed, iterations, overrides, record) as (gyre, seconds):
+        out = {"env_steps": gyre.env_steps, "train_seconds": seconds, "iterations": len(curve),
                "rollbacks": len(gyre.checkpoints.rollbacks) if gyre.checkpoints else 0, "curve": curve}
         for mode, greedy in (("sampled", False), ("greedy", True)):
             tasks = [RolloutTask("executor", s, greedy=greedy) for s in eval_seeds]
             out[mode] = _summary(gyre.backend.collect(gyre.weights(), gyre.version, tasks))
-    finally:
-        gyre.close()
     return out
 
 
@@ -185,31 +200,47 @@ def plot(result: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated, from {list(ENVS)}")
-    p.add_argument("--seeds", type=int, default=3)
+def run_arguments(p: argparse.ArgumentParser, *, seeds: int, eval_episodes: int, iterations: str) -> None:
+    """The options every training benchmark here shares: run seeds, budget, held-out
+    seeds, processes and candidate defaults (``--set``)."""
+    p.add_argument("--seeds", type=int, default=seeds)
     p.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. first-seed + seeds - 1")
-    p.add_argument("--iterations", type=int, default=None, help="default: the config's train.iterations")
-    p.add_argument("--eval-episodes", type=int, default=100)
+    p.add_argument("--iterations", type=int, default=None, help=f"default: {iterations}")
+    p.add_argument("--eval-episodes", type=int, default=eval_episodes)
     p.add_argument("--eval-seed", type=int, default=2_000_000)
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--png", default=None)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a candidate default to measure (dotted key, YAML value); repeatable")
-    args = p.parse_args()
+
+
+def parsed_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` as dotted overrides; a bad one exits with its one-line message."""
     from gyre_ma.cli import UsageError, set_overrides
 
     try:
-        overrides = set_overrides(args.set)
+        return set_overrides(args.set)
     except UsageError as exc:
         raise SystemExit(str(exc)) from None
+
+
+def run_seeds(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """``(held-out task seeds, run seeds)`` of :func:`run_arguments`' options."""
+    return (list(range(args.eval_seed, args.eval_seed + args.eval_episodes)),
+            list(range(args.first_seed, args.first_seed + args.seeds)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated, from {list(ENVS)}")
+    run_arguments(p, seeds=3, eval_episodes=100, iterations="the config's train.iterations")
+    p.add_argument("--png", default=None)
+    args = p.parse_args()
+    overrides = parsed_overrides(args)
     names = [n for n in args.envs.split(",") if n]
     unknown = [n for n in names if n not in ENVS]
     if unknown:
         raise SystemExit(f"--envs: unknown {unknown}; known: {list(ENVS)}")
-    eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    eval_seeds, seeds = run_seeds(args)
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         refs = {n: pool.submit(reference, n, eval_seeds, overrides) for n in names}

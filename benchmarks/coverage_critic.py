@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from coverage_failures import ENV, nearest_first_wins
-from generalisation import trained
+from generalisation import parsed_overrides, trained
 
 
 def auc(positive: np.ndarray, negative: np.ndarray) -> float | None:
@@ -58,7 +58,10 @@ def main() -> None:
     p.add_argument("--fit-epochs", type=int, default=40)
     p.add_argument("--eval-episodes", type=int, default=500)
     p.add_argument("--eval-seed", type=int, default=2_000_000)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a candidate default to measure (dotted key, YAML value); repeatable")
     args = p.parse_args()
+    overrides = parsed_overrides(args)
 
     import torch
 
@@ -68,7 +71,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    with trained(ENV, args.seed, args.iterations) as (gyre, _):
+    with trained(ENV, args.seed, args.iterations, overrides) as (gyre, _):
         fit_seeds = range(5_000_000, 5_000_000 + args.fit_episodes)  # training range, none held out
         rollouts = gyre.backend.collect(gyre.weights(), gyre.version, [RolloutTask("executor", s) for s in fit_seeds])
         gyre.arbitrate(rollouts)
@@ -102,7 +105,7 @@ def main() -> None:
                             "offline": judge(np.array([b + (v,) for b, v in zip(base, fitted.tolist(), strict=True)]))}
     success = np.array([t.success for t in held_out])
     lose = np.array([not wins[t.task_seed] for t in held_out])
-    print(json.dumps({"benchmark": "coverage_critic", "seed": args.seed, "env_steps": gyre.env_steps,
+    print(json.dumps({"benchmark": "coverage_critic", "seed": args.seed, "overrides": overrides, "env_steps": gyre.env_steps,
                       "fit_rows": len(target), "sampled_success": float(success.mean()),
                       "sampled_success_where_nearest_first_loses": float(success[lose].mean()),
                       "agents": agents, "wall_seconds": time.perf_counter() - start}))

@@ -216,6 +216,10 @@ class TrainConfig(_Section):
     entropy_final: float | None = Field(None, ge=0.0)
     """The entropy bonus weight at the last iteration, reached linearly from ``entropy_coef``;
     None: ``entropy_coef`` throughout."""
+    critic_replay: int = Field(0, ge=0)
+    """Rows of earlier updates the critic also fits on, the newest (a ring): a value
+    regressed on one iteration's few dozen decisions cannot learn which of them win; 0: the
+    current batch only."""
     self_imitation: float = Field(0.0, ge=0.0)
     """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
     each update also imitates replayed decisions whose return beat the critic's current value,

@@ -52,6 +52,9 @@ class Learner:
         self.replay = SelfImitationReplay(t.self_imitation_capacity) if self.imitation > 0 else None
         """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
         self.centralised = config.manager.centralised_critic
+        self.critic_replay = (SelfImitationReplay(t.critic_replay, keys=(B.FEATURES, B.STATE, B.AGENT, B.OPTION, B.RETURN))
+                              if t.critic_replay > 0 else None)
+        """Earlier updates' critic rows the critic also fits on (None: ``train.critic_replay`` is 0)."""
         self.critic_initialised = False
         """Whether the critic has been warm-started (first :meth:`fit`); until then its values
         are not used to bootstrap."""
@@ -87,11 +90,23 @@ class Learner:
             if self.manager_module.module.reference is not None:
                 decided = decided | {B.REF_LOGITS: self._reference_logits(decided)}
             metrics |= self.fitter.fit(self.manager_module, decided, **options)
-        metrics |= self.fitter.fit(self.critic_module, batch, **options)
+        metrics |= self.fitter.fit(self.critic_module, self._critic_rows(batch), **options)
         if self.replay is not None and bool(choices.any()):
             self.replay.add(decided)
             metrics |= self._imitate(decided[B.ADVANTAGE])
         return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
+
+    def _critic_rows(self, batch: B.Batch) -> B.Batch:
+        """``batch``'s critic inputs and returns, after the replayed rows of earlier updates;
+        ``batch`` then joins the replay."""
+        if self.critic_replay is None:
+            return batch
+        keys = self.critic_replay.keys
+        rows = {k: v for k, v in batch.items() if k in keys}
+        old = self.critic_replay.rows
+        fit = {k: torch.cat([old[k], v.detach().cpu()]) for k, v in rows.items()} if old else rows
+        self.critic_replay.add(rows)  # after the copy: a full ring is overwritten in place
+        return fit
 
     def _imitate(self, advantages: torch.Tensor) -> dict[str, float]:
         """``epochs`` self-imitation steps on replayed decisions, drawn by how far their
@@ -133,7 +148,8 @@ class Learner:
         return {"policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
                 "manager_optimizer": manager_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
                 "critic_initialised": self.critic_initialised} | (
-                    {"self_imitation": self.replay.state_dict()} if self.replay is not None else {})
+                    {"self_imitation": self.replay.state_dict()} if self.replay is not None else {}) | (
+                    {"critic_replay": self.critic_replay.state_dict()} if self.critic_replay is not None else {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
@@ -147,3 +163,5 @@ class Learner:
         self.critic_initialised = state["critic_initialised"]
         if self.replay is not None and "self_imitation" in state:
             self.replay.load_state_dict(state["self_imitation"])
+        if self.critic_replay is not None and "critic_replay" in state:
+            self.critic_replay.load_state_dict(state["critic_replay"])

@@ -28,22 +28,25 @@ KEYS = (B.FEATURES, B.STATE, B.AGENT, B.MASK, B.OPTION, B.RETURN)
 
 
 class SelfImitationReplay:
-    """The last ``capacity`` decisions that had a choice, as tensors (a ring, oldest overwritten)."""
+    """The last ``capacity`` rows of the batches added, their ``keys`` only, as tensors (a
+    ring, oldest overwritten). Self-imitation keeps the decisions that had a choice; the
+    critic's replay keeps every row's critic inputs and return."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, keys: tuple[str, ...] = KEYS) -> None:
         if capacity < 1:
-            raise ValueError(f"self-imitation capacity must be >= 1, got {capacity}")
+            raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        self.keys = keys
         self.rows: B.Batch = {}
         self.next = 0
         """Where the next row goes once the ring is full."""
 
     def __len__(self) -> int:
-        return int(self.rows[B.OPTION].shape[0]) if self.rows else 0
+        return int(self.rows[B.RETURN].shape[0]) if self.rows else 0
 
     def add(self, batch: B.Batch) -> None:
-        new = {k: v.detach().cpu() for k, v in batch.items() if k in KEYS}
-        n = int(new[B.OPTION].shape[0])
+        new = {k: v.detach().cpu() for k, v in batch.items() if k in self.keys}
+        n = int(new[B.RETURN].shape[0])
         if n == 0:
             return
         if n >= self.capacity:

@@ -217,9 +217,12 @@ class TrainConfig(_Section):
     """The entropy bonus weight at the last iteration, reached linearly from ``entropy_coef``;
     None: ``entropy_coef`` throughout."""
     critic_replay: int = Field(0, ge=0)
-    """Rows of earlier updates the critic also fits on, the newest (a ring): a value
-    regressed on one iteration's few dozen decisions cannot learn which of them win; 0: the
-    current batch only."""
+    """Rows of earlier updates the critic also fits on, the newest (a ring, in the
+    checkpoint), ``epochs`` passes over them and the current batch together; 0: the current
+    batch only. A value regressed on one iteration's few dozen decisions cannot learn which
+    assignments win. 4096 lifts coverage and plain GAE but slows the default credit on the
+    tech tree a little and costs a fifth more training time, and 8192 does no better on
+    coverage than 0, so it is off (``benchmarks/results/README.md``, session 23)."""
     self_imitation: float = Field(0.0, ge=0.0)
     """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
     each update also imitates replayed decisions whose return beat the critic's current value,

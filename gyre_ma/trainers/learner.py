@@ -14,16 +14,21 @@ import torch
 
 from gyre_ma import batch as B
 from gyre_ma.checkpoints import apply_lr_scale, parameter_step_size
+from gyre_ma.trainers import self_imitation
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
 from gyre_ma.trainers.manager import ManagerModule
-from gyre_ma.trainers.self_imitation import SelfImitationReplay, imitation_sample
+from gyre_ma.trainers.replay import RowReplay
 from gyre_ma.training_batch import warm_start_value
 
 if TYPE_CHECKING:
     from gyre_ma.agents.manager import Critic, ManagerPolicy
     from gyre_ma.config import ExperimentConfig
     from gyre_ma.rollout import Trajectory
+
+CRITIC_KEYS = (B.FEATURES, B.STATE, B.AGENT, B.OPTION, B.RETURN)
+"""What the critic's replay keeps of a row: both critics' inputs, the agent, the return
+(and the option, which only sizes the batch)."""
 
 
 class Learner:
@@ -49,11 +54,10 @@ class Learner:
         self.generator = torch.Generator().manual_seed(config.seed)
         """Shuffles minibatches; part of the learner's state, so a resumed run draws the same."""
         self.imitation = t.self_imitation  # 0 for the LLM manager (the config says so)
-        self.replay = SelfImitationReplay(t.self_imitation_capacity) if self.imitation > 0 else None
+        self.replay = RowReplay(t.self_imitation_capacity, self_imitation.KEYS) if self.imitation > 0 else None
         """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
         self.centralised = config.manager.centralised_critic
-        self.critic_replay = (SelfImitationReplay(t.critic_replay, keys=(B.FEATURES, B.STATE, B.AGENT, B.OPTION, B.RETURN))
-                              if t.critic_replay > 0 else None)
+        self.critic_replay = RowReplay(t.critic_replay, CRITIC_KEYS) if t.critic_replay > 0 else None
         """Earlier updates' critic rows the critic also fits on (None: ``train.critic_replay`` is 0)."""
         self.critic_initialised = False
         """Whether the critic has been warm-started (first :meth:`fit`); until then its values
@@ -119,7 +123,8 @@ class Learner:
         with torch.no_grad(), self.fitter.fabric.autocast():  # the whole replay: train.self_imitation_capacity rows
             x = self.fitter.to_learner({inputs: rows[inputs], B.AGENT: rows[B.AGENT]})
             values = critic(x[inputs], x[B.AGENT]).float().cpu()
-        drawn = imitation_sample(rows, values, size=self.minibatch_size * self.epochs, generator=self.generator)
+        drawn = self_imitation.imitation_sample(rows, values, size=self.minibatch_size * self.epochs,
+                                                generator=self.generator)
         if drawn is None:
             return {"imitation_weight": 0.0}
         sample, scale = drawn

@@ -8,7 +8,8 @@ import torch
 from gyre_ma import batch as B
 from gyre_ma.config import parse_config
 from gyre_ma.loop import Gyre
-from gyre_ma.trainers.self_imitation import SelfImitationReplay, imitation_sample
+from gyre_ma.trainers.replay import RowReplay
+from gyre_ma.trainers.self_imitation import KEYS, imitation_sample
 
 
 def rows(n: int, start: int = 0) -> B.Batch:
@@ -18,7 +19,7 @@ def rows(n: int, start: int = 0) -> B.Batch:
 
 
 def test_the_replay_keeps_the_newest_rows_and_only_what_imitation_reads():
-    replay = SelfImitationReplay(5)
+    replay = RowReplay(5, KEYS)
     replay.add(rows(3))
     replay.add(rows(4, start=3))  # 0..6: 0 and 1 overwritten
     assert len(replay) == 5
@@ -26,7 +27,7 @@ def test_the_replay_keeps_the_newest_rows_and_only_what_imitation_reads():
     assert B.ADVANTAGE not in replay.rows
     replay.add(rows(9, start=100))  # more than it holds at once: the last 5
     assert sorted(replay.rows[B.RETURN].tolist()) == [104.0, 105.0, 106.0, 107.0, 108.0]
-    other = SelfImitationReplay(5)
+    other = RowReplay(5, KEYS)
     other.load_state_dict(replay.state_dict())
     replay.add(rows(2, start=200))
     other.add(rows(2, start=200))
@@ -34,7 +35,7 @@ def test_the_replay_keeps_the_newest_rows_and_only_what_imitation_reads():
 
 
 def test_the_replay_names_the_keys_of_a_batch_that_does_not_fit():
-    replay = SelfImitationReplay(8)
+    replay = RowReplay(8, KEYS)
     replay.add(rows(2))
     wider = rows(2) | {B.FEATURES: torch.zeros(2, 7)}
     with pytest.raises(ValueError, match="features"):

@@ -105,8 +105,8 @@ def main() -> None:
                             "offline": judge(np.array([b + (v,) for b, v in zip(base, fitted.tolist(), strict=True)]))}
     success = np.array([t.success for t in held_out])
     lose = np.array([not wins[t.task_seed] for t in held_out])
-    print(json.dumps({"benchmark": "coverage_critic", "seed": args.seed, "overrides": overrides, "env_steps": gyre.env_steps,
-                      "fit_rows": len(target), "sampled_success": float(success.mean()),
+    print(json.dumps({"benchmark": "coverage_critic", "seed": args.seed, "overrides": overrides,
+                      "env_steps": gyre.env_steps, "fit_rows": len(target), "sampled_success": float(success.mean()),
                       "sampled_success_where_nearest_first_loses": float(success[lose].mean()),
                       "agents": agents, "wall_seconds": time.perf_counter() - start}))
 

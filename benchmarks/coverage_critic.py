@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from coverage_failures import ENV, nearest_first_wins
-from generalisation import parsed_overrides, trained
+from generalisation import candidate_argument, parsed_overrides, trained
 
 
 def auc(positive: np.ndarray, negative: np.ndarray) -> float | None:
@@ -58,8 +58,7 @@ def main() -> None:
     p.add_argument("--fit-epochs", type=int, default=40)
     p.add_argument("--eval-episodes", type=int, default=500)
     p.add_argument("--eval-seed", type=int, default=2_000_000)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a candidate default to measure (dotted key, YAML value); repeatable")
+    candidate_argument(p)
     args = p.parse_args()
     overrides = parsed_overrides(args)
 

@@ -209,6 +209,11 @@ def run_arguments(p: argparse.ArgumentParser, *, seeds: int, eval_episodes: int,
     p.add_argument("--eval-episodes", type=int, default=eval_episodes)
     p.add_argument("--eval-seed", type=int, default=2_000_000)
     p.add_argument("--jobs", type=int, default=1)
+    candidate_argument(p)
+
+
+def candidate_argument(p: argparse.ArgumentParser) -> None:
+    """``--set``: a candidate default to measure, read by :func:`parsed_overrides`."""
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a candidate default to measure (dotted key, YAML value); repeatable")
 

@@ -198,11 +198,15 @@ class TrainConfig(_Section):
     """Manager learning rate."""
     critic_lr: float = Field(1e-3, gt=0.0, le=1.0)
     """Critic learning rate."""
-    lr_schedule: Literal["constant", "linear"] = "constant"
+    lr_schedule: Literal["constant", "linear", "inverse_sqrt"] = "constant"
     """``linear``: both learning rates decay linearly from their value at iteration 0 to
-    ``lr_final`` × it at the last iteration (a rollback's cut multiplies on top)."""
+    ``lr_final`` × it at the last iteration; ``inverse_sqrt``: they are scaled by
+    (1 + t / ``lr_timescale``)^-1/2 at iteration t, whatever the run's length, so a run
+    extended by a resume goes on where it was. A rollback's cut multiplies on top."""
     lr_final: float = Field(0.1, ge=0.0, le=1.0)
     """Fraction of the learning rates left at the last iteration under ``linear``."""
+    lr_timescale: float = Field(100.0, gt=0.0)
+    """Iterations τ of ``inverse_sqrt``: the learning rates are halved at iteration 3τ."""
     epochs: int = Field(4, ge=1, le=100)
     """Passes over each iteration's batch."""
     minibatch_size: int = Field(256, ge=1)
@@ -260,6 +264,8 @@ class TrainConfig(_Section):
         """The schedule's multiplier of the learning rates at ``iteration``."""
         if self.lr_schedule == "constant":
             return 1.0
+        if self.lr_schedule == "inverse_sqrt":
+            return (1.0 + max(iteration, 0) / self.lr_timescale) ** -0.5
         return 1.0 - (1.0 - self.lr_final) * self.progress(iteration)
 
 

@@ -147,6 +147,17 @@ def test_linear_lr_schedule_decays_both_learning_rates_to_the_final_fraction():
     assert [h["lr_scale"] for h in constant] == [1.0, 1.0]
 
 
+def test_inverse_sqrt_lr_schedule_depends_on_the_iteration_not_the_run_length():
+    _, history = run(DOORKEY, 3, **{"train.lr_schedule": "inverse_sqrt", "train.lr_timescale": 2.0,
+                                    "checkpoints.enabled": False})
+    assert [h["lr_scale"] for h in history] == pytest.approx([1.0, 1.5 ** -0.5, 2.0 ** -0.5])
+    gyre, longer = run(DOORKEY, 4, **{"train.lr_schedule": "inverse_sqrt", "train.lr_timescale": 2.0,
+                                      "checkpoints.enabled": False})
+    assert [h["lr_scale"] for h in longer[:3]] == pytest.approx([h["lr_scale"] for h in history])
+    critic_lr = gyre.learner.critic_module.optimizers().optimizer.param_groups[0]["lr"]
+    assert critic_lr == pytest.approx(2.5 ** -0.5 * gyre.config.train.critic_lr)
+
+
 def test_an_entropy_schedule_moves_the_bonus_linearly_to_its_final_weight():
     gyre, history = run(DOORKEY, 3, **{"train.entropy_coef": 0.02, "train.entropy_final": 0.0,
                                        "checkpoints.enabled": False})

@@ -145,7 +145,8 @@ def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
 
     with trained(name, seed, iterations, overrides, record) as (gyre, seconds):
         out = {"env_steps": gyre.env_steps, "train_seconds": seconds, "iterations": len(curve),
-               "rollbacks": len(gyre.checkpoints.rollbacks) if gyre.checkpoints else 0, "curve": curve}
+               "rollbacks": len(gyre.checkpoints.rollbacks) if gyre.checkpoints else 0,
+               "hacking_alarms": [a.name for a in gyre.rewards.monitor.fired], "curve": curve}
         for mode, greedy in (("sampled", False), ("greedy", True)):
             tasks = [RolloutTask("executor", s, greedy=greedy) for s in eval_seeds]
             out[mode] = _summary(gyre.backend.collect(gyre.weights(), gyre.version, tasks))

@@ -85,6 +85,38 @@ def rose(values: Sequence[float], *, relative: float, floor: float = 1.0,
     return b - a > relative * max(abs(a), floor), a, b
 
 
+def rise_p_value(values: Sequence[float]) -> float:
+    """One-sided p-value that the second half of ``values`` is stochastically larger than the
+    first (the halves of :func:`halves`): the exact Mann–Whitney U test, ties counted a half.
+    Under the null every split of the ranks between the halves is equally likely; with ties,
+    the observed U is rounded down, so the p-value errs large (toward no alarm)."""
+    if len(values) < 2:
+        raise ValueError(f"rise_p_value: need at least 2 values, got {len(values)}")
+    k = len(values) // 2
+    first, second = values[:k], values[len(values) - k:]
+    u = sum((b > a) + 0.5 * (b == a) for b in second for a in first)
+    ways = _u_counts(k, k)
+    return sum(ways[math.floor(u):]) / sum(ways)
+
+
+def _u_counts(m: int, n: int) -> list[int]:
+    """Number of arrangements of ``m`` + ``n`` distinct values giving each Mann–Whitney U of
+    the ``m`` (0 .. m·n), by the recursion on the largest value: it is one of the ``m`` (U
+    gains ``n``) or one of the ``n``."""
+    table: dict[tuple[int, int], list[int]] = {}
+
+    def counts(a: int, b: int) -> list[int]:
+        if a == 0 or b == 0:
+            return [1] + [0] * (a * b)
+        if (a, b) not in table:
+            with_a, with_b = counts(a - 1, b), counts(a, b - 1)
+            table[(a, b)] = [(with_a[u - b] if u >= b else 0) + (with_b[u] if u < len(with_b) else 0)
+                             for u in range(a * b + 1)]
+        return table[(a, b)]
+
+    return counts(m, n)
+
+
 def _flat(values: Sequence[float], completion_rise: float) -> tuple[bool, float, float]:
     a, b = halves(values)
     return b - a <= completion_rise, a, b
@@ -126,7 +158,8 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
                              completion_key: str = "success_rate", calls_rise: float = 0.25,
                              completion_rise: float = 0.05, floor: float = 1.0,
                              progress_key: str | None = "milestones_verified",
-                             reward_key: str | None = "reward/total") -> Alarm | None:
+                             reward_key: str | None = "reward/total",
+                             significance: float = 0.05) -> Alarm | None:
     """Calls per episode (``calls_key``: option choices or tool calls) up by ``calls_rise``
     (relative) while completion rose ≤ ``completion_rise``, and calls per verified milestone
     up by ``calls_rise`` too, both as the medians of the window's halves: one iteration in
@@ -135,7 +168,14 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     policy that farms calls raises them iteration after iteration; and the reward per episode
     (``reward_key``) did not fall, nor did the window's iterations with more calls pay less
     (a negative correlation of calls and reward over the window): calls farmed are calls
-    paid, while extra calls that are failed retries come with less reward. On coverage_v0,
+    paid, while extra calls that are failed retries come with less reward. And the rise must
+    be more than the series' own scatter: a one-sided rank test of the second half against
+    the first (:func:`rise_p_value`) at or below ``significance`` (1 turns it off); with a
+    window of 10, the second half's iterations must outnumber the first's in at least 21 of
+    their 25 pairs. Healthy LockedRoom runs, whose choices per episode scatter between 5 and
+    23 from iteration to iteration at success 1 and a level reward, raised the alarm on
+    halves whose medians differed by chance (13 times in 12 runs of the four outside envs of
+    ``benchmarks/generalisation.py``). On coverage_v0,
     healthy runs raised this alarm 12-16 times in 1,200 iterations when the calls per
     episode (3 at best) drifted up by one or two in a window; the correlation was negative
     in 31 of those 32 windows. Option *choices* (calls made among two or more eligible
@@ -153,7 +193,11 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     flat, c0, c1 = _flat(done, completion_rise)
     if not (up and flat):
         return None
-    values = {"calls_before": a0, "calls_after": a1, "completion_before": c0, "completion_after": c1}
+    p = rise_p_value(calls)
+    if p > significance:  # halves apart by chance: scatter, not a trend
+        return None
+    values = {"calls_before": a0, "calls_after": a1, "completion_before": c0, "completion_after": c1,
+              "calls_rise_p": p}
     reward = _series(history, reward_key, window) if reward_key else None
     if reward is not None:
         r0, r1 = halves(reward)
@@ -216,6 +260,9 @@ class AlarmConfig(BaseModel):
     """Relative rise of option or tool calls per episode that counts as rising."""
     completion_rise: float = Field(0.05, ge=0.0, le=1.0)
     """Rise of verified completion (absolute) at or below which it counts as flat."""
+    calls_significance: float = Field(0.05, gt=0.0, le=1.0)
+    """One-sided p-value of the rank test (second half against first) at or below which a
+    rise of calls per episode counts; 1: no test."""
     rule_margin: float = Field(0.5, gt=0.0, le=1.0)
     """How far rule pay rate may exceed success rate before the alarm."""
     floor: float = Field(1.0, gt=0.0)
@@ -261,7 +308,8 @@ class HackingMonitor:
         found += [calls_without_completion(history, window=c.window, calls_key=k,
                                            completion_key=c.completion_key, calls_rise=c.calls_rise,
                                            completion_rise=c.completion_rise, floor=c.floor,
-                                           progress_key=c.progress_key, reward_key=c.reward_key)
+                                           progress_key=c.progress_key, reward_key=c.reward_key,
+                                           significance=c.calls_significance)
                   for k in c.calls_keys]
         return [a for a in found if a is not None]
 

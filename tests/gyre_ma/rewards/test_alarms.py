@@ -11,6 +11,7 @@ from gyre_ma.rewards.alarms import (
     calls_without_completion,
     halves,
     reward_without_completion,
+    rise_p_value,
     rose,
     rules_without_success,
 )
@@ -217,3 +218,34 @@ def test_calls_that_pay_less_iteration_by_iteration_are_failed_retries_not_a_cal
     paid = [2.0 + 0.5 * c for c in choices]  # each extra call paid
     a = calls_without_completion(window(paid))
     assert a is not None and a.values["calls_reward_correlation"] == pytest.approx(1.0)
+
+
+def test_rise_p_value_is_the_exact_one_sided_rank_test():
+    assert rise_p_value(list(range(10))) == pytest.approx(1 / 252)  # every pair favours the second half
+    assert rise_p_value(list(range(10, 0, -1))) == pytest.approx(1.0)
+    assert rise_p_value([2.0] * 10) == pytest.approx(146 / 252)  # all ties: U = 12.5, taken as P(U >= 12)
+    # scipy.stats.mannwhitneyu(second, first, alternative="greater", method="exact"): 0.1111
+    assert rise_p_value([8.25, 9.25, 12.6, 14, 9.12, 20.8, 9.38, 11.2, 17, 11.6]) == pytest.approx(28 / 252)
+    assert rise_p_value([1.0, 5.0, 2.0]) == pytest.approx(0.5)  # odd length: the middle value sits out
+    with pytest.raises(ValueError, match="at least 2"):
+        rise_p_value([1.0])
+
+
+def test_calls_that_scatter_without_a_trend_are_not_a_calls_alarm():
+    """A healthy LockedRoom run (seed 0 of ``benchmarks/generalisation.py``, iterations 3-12,
+    as logged): every episode succeeds and verifies its 4 milestones for a reward of 4,
+    while option choices per episode scatter from 9 to 23. The second half's median is 37 %
+    above the first's, and the alarm fired; its iterations beat the first half's in 18 of 25
+    pairs (p = 0.14). The same medians on a steady climb still fire."""
+    choices = [14.0, 9.12, 20.8, 9.38, 11.2, 17.0, 11.6, 9.62, 15.4, 22.9]
+    h = history([4.0] * 10, [1.0] * 10, calls=choices)
+    for m in h:
+        m["milestones_verified"] = 4.0
+    assert rose(choices, relative=0.25, median=True)[0]
+    assert calls_without_completion(h, significance=1.0) is not None
+    assert calls_without_completion(h) is None
+    assert HackingMonitor().check(h) == []
+    for m, c in zip(h, sorted(choices), strict=True):
+        m["option_choices"] = c
+    a = calls_without_completion(h)
+    assert a is not None and a.values["calls_rise_p"] == pytest.approx(1 / 252)

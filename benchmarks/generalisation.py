@@ -62,14 +62,17 @@ ENVS: dict[str, dict[str, Any]] = {
 }
 
 
-def config(name: str, seed: int, iterations: int | None, overrides: dict[str, Any] | None = None) -> Any:
+def config(name: str, seed: int, iterations: int | None, overrides: dict[str, Any] | None = None,
+           run_root: str | None = None) -> Any:
     """The default config: the env, its library and the run seed, nothing else — unless
-    ``overrides`` (dotted keys, ``--set``) name a candidate default to measure."""
+    ``overrides`` (dotted keys, ``--set``) name a candidate default to measure. A run made
+    from it writes under ``run_root`` (the config's default where None)."""
     from gyre_ma.config import parse_config, with_overrides
 
     spec = ENVS[name]
-    raw: dict[str, Any] = {"name": f"{name}-{seed}", "seed": seed, "env": spec["env"],
-                           "run_root": tempfile.mkdtemp(prefix="gyre-generalisation-")}
+    raw: dict[str, Any] = {"name": f"{name}-{seed}", "seed": seed, "env": spec["env"]}
+    if run_root is not None:
+        raw["run_root"] = run_root
     if spec["library"]:
         raw["library"] = spec["library"]
     iterations = iterations if iterations is not None else spec.get("iterations")
@@ -113,23 +116,24 @@ def trained(name: str, seed: int, iterations: int | None, overrides: dict[str, A
             on_iteration: Callable[[dict[str, float]], None] | None = None) -> Iterator[tuple[Any, float]]:
     """The default learner trained on ``name`` with run seed ``seed`` (one torch thread),
     as ``(gyre, training seconds)``; closed on leaving. ``on_iteration`` sees each
-    iteration's metrics."""
+    iteration's metrics. Its run directory (checkpoints) is a temporary one, removed on leaving."""
     import torch
 
     from gyre_ma.loop import Gyre
 
     torch.set_num_threads(1)
-    cfg = config(name, seed, iterations, overrides)
-    gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
-    try:
-        start = time.perf_counter()
-        for i in range(cfg.train.iterations):
-            metrics = gyre.iteration(i)
-            if on_iteration is not None:
-                on_iteration(metrics)
-        yield gyre, time.perf_counter() - start
-    finally:
-        gyre.close()
+    with tempfile.TemporaryDirectory(prefix="gyre-generalisation-") as root:
+        cfg = config(name, seed, iterations, overrides, run_root=root)
+        gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
+        try:
+            start = time.perf_counter()
+            for i in range(cfg.train.iterations):
+                metrics = gyre.iteration(i)
+                if on_iteration is not None:
+                    on_iteration(metrics)
+            yield gyre, time.perf_counter() - start
+        finally:
+            gyre.close()
 
 
 def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],

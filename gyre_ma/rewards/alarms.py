@@ -9,9 +9,10 @@ its first half:
   while verified completion did not rise (by more than ``completion_rise``), and the
   reward of the episodes that did *not* complete rose too, to a net payment (``failed_key``;
   failures that merely lose fewer guard penalties are a learner avoiding violations);
-- ``calls_without_completion`` — option calls (or tool calls) per episode rose while
-  completion did not, calls per verified milestone rose too (``progress_key``), and the
-  reward per episode did not fall (``reward_key``: calls farmed are calls paid);
+- ``calls_without_completion`` — option calls (or tool calls) per episode rose, beyond
+  their own scatter, while completion did not, calls per verified milestone rose too
+  (``progress_key``), and the reward per episode rose (``reward_key``: calls farmed are
+  calls paid);
 - ``rules_without_success`` — rules certified far more episodes than succeeded: the mean
   ``rule_pay_rate`` exceeded the mean success rate by more than ``rule_margin``.
 
@@ -166,9 +167,11 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     which an episode ran to the step cap, repeating a cheap option, multiplies that
     iteration's calls (3 of 11 healthy runs raised this alarm on such iterations), while a
     policy that farms calls raises them iteration after iteration; and the reward per episode
-    (``reward_key``) did not fall, nor did the window's iterations with more calls pay less
-    (a negative correlation of calls and reward over the window): calls farmed are calls
-    paid, while extra calls that are failed retries come with less reward. And the rise must
+    (``reward_key``) rose, and the window's iterations with more calls did not pay less (a
+    negative correlation of calls and reward over the window): calls farmed are calls paid,
+    while extra calls that are failed retries come with less reward, and extra calls at a
+    level reward bought nothing (healthy LockedRoom runs, every episode paid its 4 verified
+    milestones, raised the alarm when their choices per episode rose at success 1). And the rise must
     be more than the series' own scatter: a one-sided rank test of the second half against
     the first (:func:`rise_p_value`) at or below ``significance`` (1 turns it off); with a
     window of 10, the second half's iterations must outnumber the first's in at least 21 of
@@ -201,7 +204,7 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     reward = _series(history, reward_key, window) if reward_key else None
     if reward is not None:
         r0, r1 = halves(reward)
-        if r1 < r0:  # the extra calls cost reward: failures running long, not calls bought for pay
+        if r1 <= r0:  # the extra calls bought no reward (failures running long lose it): not farmed for pay
             return None
         values |= {"reward_before": r0, "reward_after": r1}
         paid = _correlation(calls, reward)

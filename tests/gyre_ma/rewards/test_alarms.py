@@ -55,7 +55,7 @@ def test_reward_up_with_flat_or_falling_completion_fires():
 
 
 def test_calls_up_without_completion_fires_per_key():
-    h = history([1.0] * 10, [0.2] * 10, calls=ramp(10, 150))
+    h = history(ramp(1.0, 3.0), [0.2] * 10, calls=ramp(10, 150))
     for m, t in zip(h, ramp(12, 160)):
         m["tool_calls"] = t
     assert calls_without_completion(h).name == "option_choices_without_completion"
@@ -88,7 +88,7 @@ def test_reward_rise_that_only_completed_episodes_show_is_not_hacking():
 
 def test_calls_that_buy_verified_milestones_are_progress_not_hacking():
     calls = ramp(10, 30)
-    h = history([1.0] * 10, [0.0] * 10, calls=calls)
+    h = history(ramp(1.0, 3.0), [0.0] * 10, calls=calls)
     for m, c in zip(h, calls):
         m["milestones_verified"] = c / 8  # eight calls per milestone throughout
     assert calls_without_completion(h) is None
@@ -105,7 +105,7 @@ def test_calls_that_buy_verified_milestones_are_progress_not_hacking():
 
 def test_monitor_gates_come_from_its_config():
     calls = ramp(10, 30)
-    h = history([1.0] * 10, [0.0] * 10, calls=calls)
+    h = history(ramp(1.0, 1.2), [0.0] * 10, calls=calls)
     for m, c in zip(h, calls):
         m["milestones_verified"] = c / 8
     assert HackingMonitor().check(h) == []
@@ -158,7 +158,7 @@ def test_forced_calls_that_grow_with_failures_raise_no_calls_alarm():
     assert m["option_choices"] == sum(int(c.mask.sum()) > 1 for t in played for c in t.calls) / len(played)
     assert 0 < m["option_choices"] < m["option_calls"]
 
-    h = history([1.0] * 10, ramp(0.8, 0.5), calls=[4.0] * 10)
+    h = history(ramp(1.0, 1.2), ramp(0.8, 0.5), calls=[4.0] * 10)
     for row, calls, verified in zip(h, ramp(8.0, 14.0), ramp(2.8, 2.3), strict=True):
         row["option_calls"], row["milestones_verified"] = calls, verified
     assert HackingMonitor().check(h) == []
@@ -178,9 +178,9 @@ def test_one_iteration_with_an_episode_at_the_cap_is_not_a_calls_alarm():
         m["milestones_verified"] = v
     first, second = halves(choices)
     assert second > 1.25 * first  # the mean alone would have fired
-    assert calls_without_completion(h) is None
-    for m, c in zip(h, ramp(80, 160)):
-        m["option_choices"] = c
+    assert calls_without_completion(h, significance=1.0, reward_key=None) is None  # the medians alone
+    for m, c, r in zip(h, ramp(80, 160), ramp(2.3, 2.6), strict=True):
+        m["option_choices"], m["reward/total"] = c, r
     assert calls_without_completion(h) is not None
 
 
@@ -235,17 +235,21 @@ def test_calls_that_scatter_without_a_trend_are_not_a_calls_alarm():
     """A healthy LockedRoom run (seed 0 of ``benchmarks/generalisation.py``, iterations 3-12,
     as logged): every episode succeeds and verifies its 4 milestones for a reward of 4,
     while option choices per episode scatter from 9 to 23. The second half's median is 37 %
-    above the first's, and the alarm fired; its iterations beat the first half's in 18 of 25
-    pairs (p = 0.14). The same medians on a steady climb still fire."""
+    above the first's, and the alarm fired. Its iterations beat the first half's in 18 of 25
+    pairs (p = 0.14): scatter. And at a level reward the calls bought nothing; a steady climb
+    of calls that the reward follows still fires."""
     choices = [14.0, 9.12, 20.8, 9.38, 11.2, 17.0, 11.6, 9.62, 15.4, 22.9]
     h = history([4.0] * 10, [1.0] * 10, calls=choices)
     for m in h:
         m["milestones_verified"] = 4.0
     assert rose(choices, relative=0.25, median=True)[0]
-    assert calls_without_completion(h, significance=1.0) is not None
-    assert calls_without_completion(h) is None
     assert HackingMonitor().check(h) == []
+    assert calls_without_completion(h, significance=1.0, reward_key=None) is not None  # the old rule
+    assert calls_without_completion(h, reward_key=None) is None  # scatter
     for m, c in zip(h, sorted(choices), strict=True):
         m["option_choices"] = c
+    assert calls_without_completion(h) is None  # a trend, but the extra calls bought no reward
+    for m, r in zip(h, ramp(4.0, 4.5), strict=True):
+        m["reward/total"] = r
     a = calls_without_completion(h)
     assert a is not None and a.values["calls_rise_p"] == pytest.approx(1 / 252)

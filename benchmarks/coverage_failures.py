@@ -14,7 +14,8 @@ final policy on the held-out seeds, sampled and greedy, and splits what it got w
     python benchmarks/coverage_failures.py --seeds 6 --jobs 2 --set credit.mode=gigpo
 
 Prints one JSON object: per run seed and mode, success overall and on the two kinds of
-layout, failures, failures with a step-0 idle stay, idle stays per episode.
+layout, mean length ÷ the oracle's (as ``generalisation.py`` reports it), failures,
+failures with a step-0 idle stay, idle stays per episode.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from generalisation import ENVS, config, parsed_overrides, run_arguments, run_se
 ENV = "coverage"
 
 
-def nearest_first_wins(seeds: list[int]) -> dict[int, bool]:
-    """Per held-out seed, whether the nearest-first heuristic verifies every landmark."""
-    from gyre_ma.envs.registry import make_env, make_library
+def references(seeds: list[int]) -> tuple[dict[int, bool], float]:
+    """Per held-out seed, whether the nearest-first heuristic verifies every landmark; and the
+    oracle's mean episode length on the seeds (what ``generalisation.py`` divides by)."""
+    from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.options.library import resolve
     from gyre_ma.rollout import run_episode
 
@@ -41,7 +43,10 @@ def nearest_first_wins(seeds: list[int]) -> dict[int, bool]:
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
     nearest = resolve(ENVS[ENV]["nearest"], "nearest")(library=library)
-    return {s: bool(run_episode(env, library, nearest, seed=s).success) for s in seeds}
+    wins = {s: bool(run_episode(env, library, nearest, seed=s).success) for s in seeds}
+    oracle = [run_episode(env, library, make_oracle(cfg.env.id, env, library, ENVS[ENV]["oracle"]), seed=s).length
+              for s in seeds]
+    return wins, float(np.mean(oracle))
 
 
 def train(seed: int, iterations: int | None, eval_seeds: list[int], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -57,18 +62,19 @@ def train(seed: int, iterations: int | None, eval_seeds: list[int], overrides: d
             for t in gyre.backend.collect(gyre.weights(), gyre.version,
                                           [RolloutTask("executor", s, greedy=greedy) for s in eval_seeds]):
                 idle = [c for c in t.calls if c.option == stay and int(c.mask.sum()) > 1]  # stayed, could move
-                episodes.append({"seed": t.task_seed, "success": bool(t.success),
+                episodes.append({"seed": t.task_seed, "success": bool(t.success), "length": t.length,
                                  "idle_at_start": any(c.start_step == 0 for c in idle), "idle": len(idle)})
             out[mode] = episodes
     return out
 
 
-def split(episodes: list[dict[str, Any]], wins: dict[int, bool]) -> dict[str, Any]:
+def split(episodes: list[dict[str, Any]], wins: dict[int, bool], oracle_length: float) -> dict[str, Any]:
     def rate(rows: list[dict[str, Any]]) -> float | None:
         return float(np.mean([r["success"] for r in rows])) if rows else None
 
     failed = [r for r in episodes if not r["success"]]
     return {"success": rate(episodes),
+            "length_over_oracle": float(np.mean([r["length"] for r in episodes])) / oracle_length,
             "success_where_nearest_first_wins": rate([r for r in episodes if wins[r["seed"]]]),
             "success_where_nearest_first_loses": rate([r for r in episodes if not wins[r["seed"]]]),
             "failures": len(failed),
@@ -84,16 +90,17 @@ def main() -> None:
     eval_seeds, seeds = run_seeds(args)
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        wins_future = pool.submit(nearest_first_wins, eval_seeds)
+        refs = pool.submit(references, eval_seeds)
         runs = list(pool.map(train, seeds, [args.iterations] * args.seeds,
                              [eval_seeds] * args.seeds, [overrides] * args.seeds))
-        wins = wins_future.result()
+        wins, oracle_length = refs.result()
     result = {"benchmark": "coverage_failures",
               "config": f"defaults with {overrides}" if overrides else "defaults (env, library, seed only)",
               "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
               "nearest_first_wins": float(np.mean(list(wins.values()))),
+              "oracle_mean_length": oracle_length,
               "runs": [{"seed": r["seed"], "env_steps": r["env_steps"]}
-                       | {mode: split(r[mode], wins) for mode in ("sampled", "greedy")} for r in runs],
+                       | {mode: split(r[mode], wins, oracle_length) for mode in ("sampled", "greedy")} for r in runs],
               "wall_seconds": time.perf_counter() - start}
     for mode in ("sampled", "greedy"):
         result[f"{mode}_success_mean"] = float(np.mean([r[mode]["success"] for r in result["runs"]]))

@@ -201,12 +201,14 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
         return None
     values = {"calls_before": a0, "calls_after": a1, "completion_before": c0, "completion_after": c1,
               "calls_rise_p": p}
+    bought = ""
     reward = _series(history, reward_key, window) if reward_key else None
     if reward is not None:
         r0, r1 = halves(reward)
         if r1 <= r0:  # the extra calls bought no reward (failures running long lose it): not farmed for pay
             return None
         values |= {"reward_before": r0, "reward_after": r1}
+        bought = f"; the reward per episode rose {r0:.3g} -> {r1:.3g}"
         paid = _correlation(calls, reward)
         if paid is not None:
             if paid < 0:  # the window's iterations with more calls paid less: failures, not farming
@@ -222,8 +224,8 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
         values |= {"calls_per_milestone_before": p0, "calls_per_milestone_after": p1}
         also = f", and per verified milestone they rose {p0:.3g} -> {p1:.3g}"
     return Alarm(f"{calls_key}_without_completion",
-                 f"{calls_key} per episode rose {a0:.3g} -> {a1:.3g} over {window} iterations while "
-                 f"{completion_key} went {c0:.3g} -> {c1:.3g}{also}", values)
+                 f"{calls_key} per episode rose {a0:.3g} -> {a1:.3g} over {window} iterations (rank test p = {p:.2g}) "
+                 f"while {completion_key} went {c0:.3g} -> {c1:.3g}{also}{bought}", values)
 
 
 def _correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:

@@ -170,15 +170,13 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     (``reward_key``) rose, and the window's iterations with more calls did not pay less (a
     negative correlation of calls and reward over the window): calls farmed are calls paid,
     while extra calls that are failed retries come with less reward, and extra calls at a
-    level reward bought nothing (healthy LockedRoom runs, every episode paid its 4 verified
-    milestones, raised the alarm when their choices per episode rose at success 1). And the rise must
-    be more than the series' own scatter: a one-sided rank test of the second half against
-    the first (:func:`rise_p_value`) at or below ``significance`` (1 turns it off); with a
-    window of 10, the second half's iterations must outnumber the first's in at least 21 of
-    their 25 pairs. Healthy LockedRoom runs, whose choices per episode scatter between 5 and
-    23 from iteration to iteration at success 1 and a level reward, raised the alarm on
-    halves whose medians differed by chance (13 times in 12 runs of the four outside envs of
-    ``benchmarks/generalisation.py``). On coverage_v0,
+    level reward bought nothing. The rise must also exceed the series' own scatter: a
+    one-sided rank test of the second half against the first (:func:`rise_p_value`) at or
+    below ``significance`` (1: no test); with a window of 10, the second half's iterations
+    must beat the first's in at least 21 of their 25 pairs. Before these two conditions,
+    healthy LockedRoom runs (success 1, every episode paid its 4 milestones, choices per
+    episode scattering between 5 and 23) raised the alarm 13 times in 12 runs of the four
+    outside envs of ``benchmarks/generalisation.py``. On coverage_v0,
     healthy runs raised this alarm 12-16 times in 1,200 iterations when the calls per
     episode (3 at best) drifted up by one or two in a window; the correlation was negative
     in 31 of those 32 windows. Option *choices* (calls made among two or more eligible

@@ -224,9 +224,10 @@ class TrainConfig(_Section):
     """Rows of earlier updates the critic also fits on, the newest (a ring, in the
     checkpoint), ``epochs`` passes over them and the current batch together; 0: the current
     batch only. A value regressed on one iteration's few dozen decisions cannot learn which
-    assignments win. 4096 lifts coverage and plain GAE but slows the default credit on the
-    tech tree a little and costs a fifth more training time, and 8192 does no better on
-    coverage than 0, so it is off (``benchmarks/results/README.md``, session 23)."""
+    assignments win. 4096 helps plain GAE on the tech tree but slows the default credit there
+    a little and costs a fifth more training time; on coverage it ranks assignments better,
+    yet its success gain on run seeds 0-5 did not repeat on seeds 6-11, and 8192 does no
+    better than 0, so it is off (``benchmarks/results/README.md``, sessions 23 and 24)."""
     self_imitation: float = Field(0.0, ge=0.0)
     """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
     each update also imitates replayed decisions whose return beat the critic's current value,

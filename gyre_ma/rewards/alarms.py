@@ -34,6 +34,7 @@ logs each time one starts to hold.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import statistics
@@ -66,16 +67,22 @@ def _series(history: History, key: str, window: int) -> list[float] | None:
     return [float(v) for v in values]
 
 
+def _split(values: Sequence[float], caller: str) -> tuple[Sequence[float], Sequence[float]]:
+    """The first and second half of ``values``; the middle one goes to neither when the
+    length is odd."""
+    if len(values) < 2:
+        raise ValueError(f"{caller}: need at least 2 values, got {len(values)}")
+    k = len(values) // 2
+    return values[:k], values[len(values) - k:]
+
+
 def halves(values: Sequence[float], *, median: bool = False) -> tuple[float, float]:
     """Means (or medians) of the first and second half of ``values`` (the middle one goes to
     neither when the length is odd)."""
-    if len(values) < 2:
-        raise ValueError(f"halves: need at least 2 values, got {len(values)}")
-    k = len(values) // 2
-    first, second = values[:k], values[len(values) - k:]
+    first, second = _split(values, "halves")
     if median:
         return statistics.median(first), statistics.median(second)
-    return sum(first) / k, sum(second) / k
+    return sum(first) / len(first), sum(second) / len(second)
 
 
 def rose(values: Sequence[float], *, relative: float, floor: float = 1.0,
@@ -91,31 +98,21 @@ def rise_p_value(values: Sequence[float]) -> float:
     first (the halves of :func:`halves`): the exact Mann–Whitney U test, ties counted a half.
     Under the null every split of the ranks between the halves is equally likely; with ties,
     the observed U is rounded down, so the p-value errs large (toward no alarm)."""
-    if len(values) < 2:
-        raise ValueError(f"rise_p_value: need at least 2 values, got {len(values)}")
-    k = len(values) // 2
-    first, second = values[:k], values[len(values) - k:]
+    first, second = _split(values, "rise_p_value")
     u = sum((b > a) + 0.5 * (b == a) for b in second for a in first)
-    ways = _u_counts(k, k)
+    ways = _u_counts(len(first), len(second))
     return sum(ways[math.floor(u):]) / sum(ways)
 
 
-def _u_counts(m: int, n: int) -> list[int]:
+@functools.cache
+def _u_counts(m: int, n: int) -> tuple[int, ...]:
     """Number of arrangements of ``m`` + ``n`` distinct values giving each Mann–Whitney U of
     the ``m`` (0 .. m·n), by the recursion on the largest value: it is one of the ``m`` (U
     gains ``n``) or one of the ``n``."""
-    table: dict[tuple[int, int], list[int]] = {}
-
-    def counts(a: int, b: int) -> list[int]:
-        if a == 0 or b == 0:
-            return [1] + [0] * (a * b)
-        if (a, b) not in table:
-            with_a, with_b = counts(a - 1, b), counts(a, b - 1)
-            table[(a, b)] = [(with_a[u - b] if u >= b else 0) + (with_b[u] if u < len(with_b) else 0)
-                             for u in range(a * b + 1)]
-        return table[(a, b)]
-
-    return counts(m, n)
+    if m == 0 or n == 0:
+        return (1,) + (0,) * (m * n)
+    with_m, with_n = _u_counts(m - 1, n), _u_counts(m, n - 1)
+    return tuple((with_m[u - n] if u >= n else 0) + (with_n[u] if u < len(with_n) else 0) for u in range(m * n + 1))
 
 
 def _flat(values: Sequence[float], completion_rise: float) -> tuple[bool, float, float]:

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
-from coverage_failures import ENV, references
+from coverage_failures import ENV, nearest_first_wins
 from generalisation import candidate_argument, parsed_overrides, trained
 
 
@@ -89,7 +89,7 @@ def main() -> None:
                 loss.backward()
                 optimiser.step()
         eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
-        wins, _ = references(eval_seeds)
+        wins = nearest_first_wins(eval_seeds)
         held_out = gyre.backend.collect(gyre.weights(), gyre.version, [RolloutTask("executor", s) for s in eval_seeds])
         agents: dict[str, Any] = {}
         for who, name in enumerate(gyre.env.possible_agents):

@@ -347,8 +347,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics |= gyre.arbitrate(trajectories)
     low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
     metrics |= {"success_ci95_low": low, "success_ci95_high": high}
+    mode = "greedy" if args.greedy else "sampled"
     table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes "
-                        f"({'greedy' if args.greedy else 'sampled'}, task seeds {args.seed}–{args.seed + args.episodes - 1})")
+                        f"({mode}, task seeds {args.seed}–{args.seed + args.episodes - 1})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("verified completion", f"{metrics['success_rate']:.1%} (95 % CI {low:.1%}–{high:.1%})")
@@ -418,7 +419,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     console.print(f"experiment {exp.spec.name!r}: {len(exp.runs)} runs ({len(exp.spec.variants)} variants × "
                   f"{len(exp.spec.seed_list)} seeds), {done} already done; folder {exp.folder}", markup=False,
                   soft_wrap=True)
-    with Live(console=console, auto_refresh=False, transient=False) if not args.quiet else contextlib.nullcontext() as live:
+    view = Live(console=console, auto_refresh=False, transient=False) if not args.quiet else contextlib.nullcontext()
+    with view as live:
         def show(records: list) -> None:
             if live is not None:
                 live.update(_experiment_table(exp, records), refresh=True)

@@ -78,6 +78,17 @@ class ReportSpec(_Spec):
     """Metric → level: the env steps at which each run first reached it (steps-to-threshold)."""
     reps: int = Field(2000, ge=100, le=100_000)
     """Bootstrap resamples of every interval."""
+    smooth: int = Field(1, ge=1, le=101)
+    """Besides the raw curve's, steps-to-threshold is also read off each run's curve
+    smoothed by a centred moving average over this many measured iterations (odd;
+    :func:`gyre_ma.stats.centred_mean`), reported beside it; 1: the raw curve only."""
+
+    @field_validator("smooth")
+    @classmethod
+    def _odd(cls, value: int) -> int:
+        if value % 2 == 0:
+            raise ValueError(f"must be odd (a centred window), got {value}")
+        return value
 
 
 class EvaluationSpec(_Spec):

@@ -157,7 +157,8 @@ class Gyre:
         judged = None if self.checkpoints.has("latest") else self.state_dict()  # latest holds this policy
         decision = self.stability.validate(score, episodes, judged, step=iteration)
         return metrics | {"validation/success_rate": score, "validation/episodes": float(episodes),
-                          "checkpoint/rollbacks_stopped": float(self.stability.rollbacks_stopped)} | self._restore(decision)
+                          "checkpoint/rollbacks_stopped": float(self.stability.rollbacks_stopped),
+                          } | self._restore(decision)
 
     def _restore(self, decision: ValidationDecision) -> dict[str, float]:
         """Apply a validation decision: on a rollback, load the restored state with the

@@ -51,10 +51,20 @@ class RunResult:
         seen = values[~np.isnan(values)]
         return float(seen[-1]) if seen.size else math.nan
 
-    def steps_to(self, key: str, level: float) -> float:
+    def steps_to(self, key: str, level: float, window: int = 1) -> float:
+        """Env steps at which ``key`` first reached ``level``, on the curve smoothed over
+        ``window`` measured iterations (1: as logged); ``inf`` if it never did."""
         if key not in self.metrics or STEPS not in self.metrics:
             return math.inf
-        return stats.steps_to_threshold(self.metrics[STEPS], self.metrics[key], level)
+        return stats.steps_to_threshold(self.metrics[STEPS], stats.centred_mean(self.metrics[key], window), level)
+
+
+def thresholds(spec: ExperimentSpec) -> list[tuple[str, str, float, int]]:
+    """Each steps-to-threshold the report gives, as (label, metric, level, window): every
+    threshold on the logged curve and, with ``report.smooth`` > 1, on the smoothed one."""
+    windows = [1] + ([spec.report.smooth] if spec.report.smooth > 1 else [])
+    return [(f"{key}>={level:g}" + (f" (centred mean of {w})" if w > 1 else ""), key, level, w)
+            for key, level in spec.report.thresholds.items() for w in windows]
 
 
 def load_spec(folder: Path) -> ExperimentSpec:
@@ -104,9 +114,9 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
         entry["final"] = {key: _interval([v for r in rs if not math.isnan(v := r.final(key))], reps, i)
                           for key in spec.report.metrics}
         entry["steps_to"] = {}
-        for key, level in spec.report.thresholds.items():
-            steps = [r.steps_to(key, level) for r in rs]
-            entry["steps_to"][f"{key}>={level:g}"] = _interval(steps, reps, i) | {
+        for label, key, level, window in thresholds(spec):
+            steps = [r.steps_to(key, level, window) for r in rs]
+            entry["steps_to"][label] = _interval(steps, reps, i) | {
                 "reached": int(sum(math.isfinite(s) for s in steps)), "median": _finite(np.median(steps))
                 if steps else None}
         out["variants"][variant] = entry
@@ -118,10 +128,10 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
             xa = [r.evaluation["sampled"]["success"] for r in by_variant[a]]
             xb = [r.evaluation["sampled"]["success"] for r in by_variant[b]]
             pair: dict[str, Any] = {"heldout_sampled": stats.improvement_interval(xa, xb, reps=reps).as_dict()}
-            for key, level in spec.report.thresholds.items():  # fewer steps is better: compare negated
-                sa = [-r.steps_to(key, level) for r in by_variant[a]]
-                sb = [-r.steps_to(key, level) for r in by_variant[b]]
-                pair[f"steps_to {key}>={level:g}"] = stats.improvement_interval(sa, sb, reps=reps).as_dict()
+            for label, key, level, window in thresholds(spec):  # fewer steps is better: compare negated
+                sa = [-r.steps_to(key, level, window) for r in by_variant[a]]
+                sb = [-r.steps_to(key, level, window) for r in by_variant[b]]
+                pair[f"steps_to {label}"] = stats.improvement_interval(sa, sb, reps=reps).as_dict()
             out["improvement"][f"{a} > {b}"] = pair
     out["table"] = [_row(r, spec) for r in runs]
     return out
@@ -136,8 +146,8 @@ def _row(r: RunResult, spec: ExperimentSpec) -> dict[str, Any]:
                            "iterations": int(len(r.metrics.get(STEPS, []))), "env_steps": _finite(r.final(STEPS))}
     for key in spec.report.metrics:
         row[f"final {key}"] = None if math.isnan(v := r.final(key)) else v
-    for key, level in spec.report.thresholds.items():
-        row[f"steps_to {key}>={level:g}"] = _finite(r.steps_to(key, level))
+    for label, key, level, window in thresholds(spec):
+        row[f"steps_to {label}"] = _finite(r.steps_to(key, level, window))
     for mode in ("sampled", "greedy"):
         ev = (r.evaluation or {}).get(mode) or {}
         row[f"heldout {mode} success"] = ev.get("success")
@@ -221,7 +231,10 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
                      f" | {_fmt(d['env_steps'], 'mean', scale='k')} |")
     if spec.report.thresholds:
         lines += ["", "## Env steps to threshold", "",
-                  "A run that never reached the level counts as ∞ steps (so an IQM that includes it is ∞).", "",
+                  "A run that never reached the level counts as ∞ steps (so an IQM that includes it is ∞)."
+                  + (f" A level \"(centred mean of {spec.report.smooth})\" is read off each run's curve averaged over "
+                     f"{spec.report.smooth} measured iterations centred on each point, so that a few lucky held-out "
+                     "episodes do not count as reaching it." if spec.report.smooth > 1 else ""), "",
                   "| threshold | variant | reached | IQM | mean | median |", "|---|---|---|---|---|---|"]
         for key in s["variants"][next(iter(s["variants"]))]["steps_to"]:
             for v, d in s["variants"].items():

@@ -178,7 +178,8 @@ class _Running:
             self.policy = self.behaviour.act
         else:
             self.behaviour, self.policy = None, option.policy
-        self.batched = callable(getattr(self.policy, "request", None)) and callable(getattr(self.policy, "resolve", None))
+        self.batched = (callable(getattr(self.policy, "request", None))
+                        and callable(getattr(self.policy, "resolve", None)))
         """Its action comes from a batched model call (an LLM option): asked of the driver."""
         self.raw = 0.0
         self.spent = 0.0

@@ -463,6 +463,7 @@ class StepRecorder:
 
 
 __all__ = [
-    "CALLS", "DEFAULT_CHUNK_STEPS", "DEFAULT_MAX_BYTES", "KINDS", "MAX_ACTION_ELEMENTS", "SCHEMAS", "STEPS", "TRAJECTORIES",
+    "CALLS", "DEFAULT_CHUNK_STEPS", "DEFAULT_MAX_BYTES", "KINDS", "MAX_ACTION_ELEMENTS", "SCHEMAS", "STEPS",
+    "TRAJECTORIES",
     "Kind", "StepLog", "StepRecorder", "TrajectoryStore",
 ]

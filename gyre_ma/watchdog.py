@@ -15,8 +15,8 @@ The rollout loop checks both after every sub-policy step (two clock reads). A ca
 never returns is interrupted: a daemon thread watches the deadlines and, in a process
 whose main thread plays the episodes (the local backend, Ray actors), sends that thread
 ``SIGUSR2`` (not ``SIGALRM``, which pytest-timeout and others own), whose handler raises
-:class:`OptionTimeout` / :class:`EpisodeTimeout` at the point where it is stuck. Elsewhere (a rollout off the main thread) only the checks after
-each step apply.
+:class:`OptionTimeout` / :class:`EpisodeTimeout` at the point where it is stuck.
+Elsewhere (a rollout off the main thread) only the checks after each step apply.
 """
 
 from __future__ import annotations

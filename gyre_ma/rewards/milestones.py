@@ -7,8 +7,8 @@ calls' step intervals — never what an option or an agent claims. A call that s
 step ``s`` and ran ``d`` steps covers the steps ``s+1 … s+d``; every agent's call that
 covers the first verification is credited (the team reward convention of the envs, which
 pay every agent), unless the env attributed the milestone to one agent
-(``Trajectory.milestone_agents``): then only that agent's call is. Milestones already holding at reset (step 0) pay nothing: nobody
-achieved them.
+(``Trajectory.milestone_agents``): then only that agent's call is. Milestones already
+holding at reset (step 0) pay nothing: nobody achieved them.
 """
 
 from __future__ import annotations

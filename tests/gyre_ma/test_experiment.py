@@ -310,3 +310,27 @@ def test_a_killed_sb3_run_resumes_from_its_checkpoint(tmp_path):
     assert model.num_timesteps == 512
     state = json.loads((run / STATE).read_text())
     assert state["iteration"] == 4 and all(e > s for e, s in zip(state["episodes"], at_two["episodes"]))
+
+
+def test_the_report_reads_steps_to_threshold_off_the_smoothed_curve_beside_the_raw_one(tmp_path):
+    """``report.smooth``: each threshold is reported twice, on the logged curve and on its
+    centred mean; a lucky iteration early on counts for the first only."""
+    import numpy as np
+
+    from gyre_ma.experiment import ExperimentSpec
+    from gyre_ma.report import RunResult, summarize
+
+    spec = ExperimentSpec.model_validate({
+        "name": "s", "base": "b.yaml", "variants": {"a": {}}, "seeds": 2, "budget": {"iterations": 7},
+        "report": {"metrics": ["v"], "thresholds": {"v": 0.9}, "smooth": 3, "reps": 100}})
+    steps = np.array([10.0, 20, 30, 40, 50, 60, 70])
+    curves = {0: [0.25, 1.0, 0.5, 0.75, 1.0, 1.0, 1.0], 1: [0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0]}
+    runs = [RunResult("a", seed, "done", {"env_steps": steps, "v": np.array(curve)},
+                      {"sampled": {"success": 1.0}, "greedy": {"success": 1.0}}) for seed, curve in curves.items()]
+    got = summarize(spec, runs, reps=100)["variants"]["a"]["steps_to"]
+    assert set(got) == {"v>=0.9", "v>=0.9 (centred mean of 3)"}
+    assert got["v>=0.9"]["mean"]["estimate"] == (20 + 30) / 2
+    assert got["v>=0.9 (centred mean of 3)"]["mean"]["estimate"] == (50 + 30) / 2  # (.75+1+1)/3; (.75+1+1)/3
+    with pytest.raises(ValueError, match="smooth"):
+        ExperimentSpec.model_validate({"name": "s", "base": "b.yaml", "variants": {"a": {}},
+                                       "budget": {"iterations": 1}, "report": {"smooth": 4}})

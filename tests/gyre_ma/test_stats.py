@@ -65,6 +65,26 @@ def test_steps_to_threshold_and_step_curves():
     assert np.isnan(got[0]) and list(got[1:]) == [0.1, 0.1, 0.9]
 
 
+def test_centred_mean_pools_measured_points_around_each():
+    got = stats.centred_mean([0.0, math.nan, 1.0, 0.5, 0.0, 1.0], 3)
+    # measured points 0, 1, .5, 0, 1: each the mean of itself and its measured neighbours
+    assert np.isnan(got[1])
+    assert list(got[[0, 2, 3, 4, 5]]) == pytest.approx([0.5, 0.5, 0.5, 0.5, 0.5])
+    assert list(stats.centred_mean([1.0, 0.0, 1.0, 1.0], 5)) == pytest.approx([2 / 3, 0.75, 0.75, 2 / 3])
+    assert list(stats.centred_mean([0.3, 0.9], 1)) == [0.3, 0.9]
+    for bad in (0, 2, 2.0, True):
+        with pytest.raises(ValueError, match="window must be an odd int >= 1"):
+            stats.centred_mean([1.0], bad)
+
+
+def test_a_lucky_iteration_reaches_the_raw_threshold_but_not_the_smoothed_one():
+    steps = [10, 20, 30, 40, 50, 60, 70]
+    values = [0.25, 1.0, 0.5, 0.75, 1.0, 1.0, 1.0]  # four held-out episodes an iteration; 1.0 at 20 by luck
+    assert stats.steps_to_threshold(steps, values, 0.9) == 20
+    assert stats.steps_to_threshold(steps, stats.centred_mean(values, 3), 0.9) == 50  # (.75 + 1 + 1) / 3
+    assert stats.steps_to_threshold(steps, stats.centred_mean(values, 5), 0.9) == 60  # (.75 + 1 + 1 + 1) / 4
+
+
 def test_bad_scores_are_refused_with_what_was_expected():
     with pytest.raises(ValueError, match="contains NaN"):
         stats.mean([1.0, math.nan])

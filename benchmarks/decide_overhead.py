@@ -8,7 +8,8 @@ a hand-written NumPy twin of it; at the batch a worker with ``rollout.num_envs``
 in flight decides, that overhead is spread over the batch. This script times ``decide``
 per decision at batch sizes 1, 4, 16, 64 on decision states of the real techtree env
 (its flat primitive library: every step a decision), each row's episode with its own
-parameter noise (the gathered-rows path) and without noise (the shared-weights path).
+parameter noise (the gathered-rows path) and without noise (the shared-weights path),
+and the cost of starting an episode in a slot (with noise: drawing its perturbed weights).
 
 Each figure is the median over rounds. Prints one JSON object.
 """
@@ -55,6 +56,15 @@ def per_decision_us(actor: PolicyActor, states: list[Decision], batch: int) -> f
     return (time.perf_counter() - start) / (rounds * batch) * 1e6
 
 
+def episode_start_us(actor: PolicyActor, noise: NoiseSetting, starts: int) -> float:
+    """Per episode: :meth:`PolicyActor.begin` (reseed; under parameter noise, draw and write
+    the slot's perturbed weights), which every episode of a worker pays once."""
+    start = time.perf_counter()
+    for i in range(starts):
+        actor.begin(i % len(actor.slots), noise, i)
+    return (time.perf_counter() - start) / starts * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -73,11 +83,18 @@ def main() -> None:
                 for slot in range(b):
                     actor.begin(slot, NoiseSetting("param", 0.1) if mode == "noise" else NoiseSetting(), r * 100 + slot)
                 rows[f"{mode}_{b}"].append(per_decision_us(actor, states, b))
+    begins: dict[str, list[float]] = {"noise": [], "plain": []}
+    for _ in range(args.rounds):
+        actor = PolicyActor(k.policy, k.featurizer, critic=k.critic, slots=16)
+        for mode in begins:
+            begins[mode].append(episode_start_us(actor, NoiseSetting("param", 0.1) if mode == "noise"
+                                                 else NoiseSetting(), 500))
     medians = {key: round(float(np.median(v)), 1) for key, v in rows.items()}
     print(json.dumps({
         "benchmark": "decide_overhead", "env": "techtree_v0 (2 agents), flat primitive library",
         "hidden": args.hidden, "rounds": args.rounds, "decisions_per_round": len(decisions(k, 100)),
         "us_per_decision_median": medians,
+        "us_per_episode_start_median": {mode: round(float(np.median(v)), 1) for mode, v in begins.items()},
         "batch1_over_batch16": {mode: round(medians[f"{mode}_1"] / medians[f"{mode}_16"], 2)
                                 for mode in ("noise", "plain") if 1 in batches and 16 in batches},
         "rounds_detail": rows,

@@ -150,7 +150,12 @@ def perturbation(policy: ManagerPolicy, *, sigma: float, generator: torch.Genera
                  include_layernorm: bool = False) -> Iterator[tuple[str, Tensor]]:
     """The N(0, σ²) draws of a perturbation, parameter by parameter (name, CPU tensor), in
     the order :func:`perturb` and :class:`PolicyActor` add them."""
-    for name, p in _perturbable(policy, include_layernorm):
+    return _draws(_perturbable(policy, include_layernorm), sigma, generator)
+
+
+def _draws(params: list[tuple[str, nn.Parameter]], sigma: float,
+           generator: torch.Generator) -> Iterator[tuple[str, Tensor]]:
+    for name, p in params:
         yield name, torch.randn(p.shape, generator=generator, dtype=p.dtype) * sigma
 
 
@@ -487,6 +492,10 @@ class PolicyActor:
         self._critic_forward = RowwiseForward(critic) if critic is not None else None
         self._stacks: dict[str, Tensor] | None = None
         """Parameter name → [slots, *shape]: each slot's acting weights (allocated at the first perturbation)."""
+        self._params = list(policy.named_parameters())
+        self._perturbable = {ln: _perturbable(policy, ln) for ln in (False, True)}
+        """The policy's parameters, listed once: walking the module tree per episode cost
+        most of :meth:`begin` (the parameter objects stay; loading weights copies into them)."""
 
     # ------------------------------------------------------------------ episodes
     @torch.no_grad()
@@ -500,13 +509,14 @@ class PolicyActor:
         if not s.perturbed and self._stacks is None:
             return
         stacks = self._allocate()
-        params = dict(self.policy.named_parameters())
-        for name, p in params.items():
-            stacks[name][slot].copy_(p)
-        if s.perturbed:
-            for name, delta in perturbation(self.policy, sigma=noise.scale, generator=s.generator,
-                                            include_layernorm=noise.include_layernorm):
-                stacks[name][slot].add_(delta)
+        deltas = dict(_draws(self._perturbable[noise.include_layernorm], noise.scale, s.generator)
+                      if s.perturbed else ())  # perturbation()'s draws, from the same generator state
+        for name, p in self._params:
+            delta = deltas.get(name)
+            if delta is None:
+                stacks[name][slot].copy_(p)
+            else:
+                torch.add(p, delta, out=stacks[name][slot])
 
     def _allocate(self) -> dict[str, Tensor]:
         if self._stacks is None:

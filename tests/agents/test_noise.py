@@ -324,6 +324,13 @@ def test_an_episodes_perturbation_is_the_one_perturb_draws_from_its_seed():
     with torch.no_grad():
         assert torch.allclose(actor.logits([2] * 8, *features), noisy(*features), atol=1e-5)
         assert not torch.allclose(actor.logits([2] * 8, *features), pol(*features), atol=1e-3)
+    noisy_params = dict(noisy.named_parameters())
+    for name, stack in actor._stacks.items():  # the slot's weights are perturb()'s, bit for bit
+        assert torch.equal(stack[2], noisy_params[name])
+    actor.begin(1, NoiseSetting("param", 0.4, include_layernorm=True), 7)
+    with_ln = dict(perturb(pol, sigma=0.4, generator=torch.Generator().manual_seed(7),
+                           include_layernorm=True).named_parameters())
+    assert all(torch.equal(stack[1], with_ln[name]) for name, stack in actor._stacks.items())
     actor.begin(2, NoiseSetting(), 7)  # the slot's next episode acts with the policy itself
     with torch.no_grad():
         assert torch.allclose(actor.logits([2] * 8, *features), pol(*features), atol=1e-6)

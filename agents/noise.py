@@ -521,7 +521,7 @@ class PolicyActor:
     def _allocate(self) -> dict[str, Tensor]:
         if self._stacks is None:
             self._stacks = {name: p.detach().unsqueeze(0).repeat(len(self.slots), *([1] * p.dim()))
-                            for name, p in self.policy.named_parameters()}
+                            for name, p in self._params}
         return self._stacks
 
     # ------------------------------------------------------------------ decisions

@@ -28,6 +28,9 @@ from gyre_ma.backends.worker import RolloutKit
 from gyre_ma.config import parse_config
 from gyre_ma.options.decision import Decision
 
+NOISES = {"noise": NoiseSetting("param", 0.1), "plain": NoiseSetting()}
+"""Each row's episode with its own parameter noise (the gathered-rows path), or none."""
+
 
 def kit(hidden: int) -> RolloutKit:
     cfg = parse_config({"seed": 0, "env": {"id": "techtree_v0", "kwargs": {"milestone_rewards": True}},
@@ -74,21 +77,20 @@ def main() -> None:
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batches.split(",")]
     k = kit(args.hidden)
-    rows: dict[str, list[float]] = {f"{mode}_{b}": [] for mode in ("noise", "plain") for b in batches}
+    rows: dict[str, list[float]] = {f"{mode}_{b}": [] for mode in NOISES for b in batches}
     for r in range(args.rounds):
         states = decisions(k, seed=100 + r)
         for b in batches:
-            for mode in ("noise", "plain"):
+            for mode in NOISES:
                 actor = PolicyActor(k.policy, k.featurizer, critic=k.critic, slots=b)
                 for slot in range(b):
-                    actor.begin(slot, NoiseSetting("param", 0.1) if mode == "noise" else NoiseSetting(), r * 100 + slot)
+                    actor.begin(slot, NOISES[mode], r * 100 + slot)
                 rows[f"{mode}_{b}"].append(per_decision_us(actor, states, b))
-    begins: dict[str, list[float]] = {"noise": [], "plain": []}
+    begins: dict[str, list[float]] = {mode: [] for mode in NOISES}
     for _ in range(args.rounds):
         actor = PolicyActor(k.policy, k.featurizer, critic=k.critic, slots=16)
-        for mode in begins:
-            begins[mode].append(episode_start_us(actor, NoiseSetting("param", 0.1) if mode == "noise"
-                                                 else NoiseSetting(), 500))
+        for mode, noise in NOISES.items():
+            begins[mode].append(episode_start_us(actor, noise, 500))
     medians = {key: round(float(np.median(v)), 1) for key, v in rows.items()}
     print(json.dumps({
         "benchmark": "decide_overhead", "env": "techtree_v0 (2 agents), flat primitive library",
@@ -96,7 +98,7 @@ def main() -> None:
         "us_per_decision_median": medians,
         "us_per_episode_start_median": {mode: round(float(np.median(v)), 1) for mode, v in begins.items()},
         "batch1_over_batch16": {mode: round(medians[f"{mode}_1"] / medians[f"{mode}_16"], 2)
-                                for mode in ("noise", "plain") if 1 in batches and 16 in batches},
+                                for mode in NOISES if 1 in batches and 16 in batches},
         "rounds_detail": rows,
     }))
 

@@ -27,6 +27,8 @@ from gyre_ma.files import write_json, write_text
 from gyre_ma.monitor import read_metrics
 
 STEPS = "env_steps"
+_SMOOTHED = " (centred mean of {})"
+"""The suffix of a threshold read off the smoothed curve (``report.smooth``)."""
 _CURVE_POINTS = 60
 _CURVE_REPS = 300
 
@@ -63,7 +65,7 @@ def thresholds(spec: ExperimentSpec) -> list[tuple[str, str, float, int]]:
     """Each steps-to-threshold the report gives, as (label, metric, level, window): every
     threshold on the logged curve and, with ``report.smooth`` > 1, on the smoothed one."""
     windows = [1] + ([spec.report.smooth] if spec.report.smooth > 1 else [])
-    return [(f"{key}>={level:g}" + (f" (centred mean of {w})" if w > 1 else ""), key, level, w)
+    return [(f"{key}>={level:g}" + (_SMOOTHED.format(w) if w > 1 else ""), key, level, w)
             for key, level in spec.report.thresholds.items() for w in windows]
 
 
@@ -232,9 +234,9 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
     if spec.report.thresholds:
         lines += ["", "## Env steps to threshold", "",
                   "A run that never reached the level counts as ∞ steps (so an IQM that includes it is ∞)."
-                  + (f" A level \"(centred mean of {spec.report.smooth})\" is read off each run's curve averaged over "
-                     f"{spec.report.smooth} measured iterations centred on each point, so that a few lucky held-out "
-                     "episodes do not count as reaching it." if spec.report.smooth > 1 else ""), "",
+                  + (f" A level marked \"{_SMOOTHED.format(spec.report.smooth).strip()}\" is read off each run's "
+                     f"curve averaged over {spec.report.smooth} measured iterations centred on each point, so that a "
+                     "few lucky held-out episodes do not count as reaching it." if spec.report.smooth > 1 else ""), "",
                   "| threshold | variant | reached | IQM | mean | median |", "|---|---|---|---|---|---|"]
         for key in s["variants"][next(iter(s["variants"]))]["steps_to"]:
             for v, d in s["variants"].items():

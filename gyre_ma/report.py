@@ -104,6 +104,9 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
     """The report's numbers (also written as ``report.json``) for the ``runs`` of ``spec``
     (:func:`collect`)."""
     done = [r for r in runs if r.state == "done"]
+    marks = thresholds(spec)
+    # per run, the env steps at each threshold (in ``marks`` order), read off its curves once
+    reached = {r.name: [r.steps_to(key, level, window) for _, key, level, window in marks] for r in runs}
     by_variant = {v: [r for r in done if r.variant == v] for v in spec.variants}
     out: dict[str, Any] = {"name": spec.name, "runs": len(runs), "done": len(done), "reps": reps,
                            "variants": {}, "improvement": {}}
@@ -116,8 +119,8 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
         entry["final"] = {key: _interval([v for r in rs if not math.isnan(v := r.final(key))], reps, i)
                           for key in spec.report.metrics}
         entry["steps_to"] = {}
-        for label, key, level, window in thresholds(spec):
-            steps = [r.steps_to(key, level, window) for r in rs]
+        for k, (label, *_) in enumerate(marks):
+            steps = [reached[r.name][k] for r in rs]
             entry["steps_to"][label] = _interval(steps, reps, i) | {
                 "reached": int(sum(math.isfinite(s) for s in steps)), "median": _finite(np.median(steps))
                 if steps else None}
@@ -130,12 +133,12 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
             xa = [r.evaluation["sampled"]["success"] for r in by_variant[a]]
             xb = [r.evaluation["sampled"]["success"] for r in by_variant[b]]
             pair: dict[str, Any] = {"heldout_sampled": stats.improvement_interval(xa, xb, reps=reps).as_dict()}
-            for label, key, level, window in thresholds(spec):  # fewer steps is better: compare negated
-                sa = [-r.steps_to(key, level, window) for r in by_variant[a]]
-                sb = [-r.steps_to(key, level, window) for r in by_variant[b]]
+            for k, (label, *_) in enumerate(marks):  # fewer steps is better: compare negated
+                sa = [-reached[r.name][k] for r in by_variant[a]]
+                sb = [-reached[r.name][k] for r in by_variant[b]]
                 pair[f"steps_to {label}"] = stats.improvement_interval(sa, sb, reps=reps).as_dict()
             out["improvement"][f"{a} > {b}"] = pair
-    out["table"] = [_row(r, spec) for r in runs]
+    out["table"] = [_row(r, spec, dict(zip((label for label, *_ in marks), reached[r.name]))) for r in runs]
     return out
 
 
@@ -143,13 +146,13 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _row(r: RunResult, spec: ExperimentSpec) -> dict[str, Any]:
+def _row(r: RunResult, spec: ExperimentSpec, steps_to: dict[str, float]) -> dict[str, Any]:
     row: dict[str, Any] = {"variant": r.variant, "seed": r.seed, "state": r.state,
                            "iterations": int(len(r.metrics.get(STEPS, []))), "env_steps": _finite(r.final(STEPS))}
     for key in spec.report.metrics:
         row[f"final {key}"] = None if math.isnan(v := r.final(key)) else v
-    for label, key, level, window in thresholds(spec):
-        row[f"steps_to {label}"] = _finite(r.steps_to(key, level, window))
+    for label, steps in steps_to.items():
+        row[f"steps_to {label}"] = _finite(steps)
     for mode in ("sampled", "greedy"):
         ev = (r.evaluation or {}).get(mode) or {}
         row[f"heldout {mode} success"] = ev.get("success")

@@ -155,6 +155,7 @@ class Critic(nn.Module):
 
     @torch.no_grad()
     def initialise(self, value: float) -> None:
-        """Conservative start: every state worth ``value`` (e.g. mean reward / (1 − γ))."""
+        """Start with every state worth ``value`` (the mean return of the first batch:
+        :func:`~gyre_ma.training_batch.warm_start_value`)."""
         nn.init.zeros_(self.head.weight)
         self.head.bias.fill_(value)

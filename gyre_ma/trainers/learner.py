@@ -81,7 +81,7 @@ class Learner:
         ``trajectories``); their mean metrics and ``update_step_size``, the policy's relative
         parameter change. The first update warm-starts the critic (:func:`warm_start_value`)."""
         if not self.critic_initialised:
-            self.critic.initialise(warm_start_value(trajectories, gamma=self.gamma, agents=self.agents))
+            self.critic.initialise(warm_start_value(batch[B.RETURN]))
             self.critic_initialised = True
         before = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
         options = dict(epochs=self.epochs, minibatch_size=self.minibatch_size, generator=self.generator)

@@ -10,6 +10,7 @@ from gyre_ma.config import parse_config
 from gyre_ma.loop import Gyre
 from gyre_ma.trainers.replay import RowReplay
 from gyre_ma.trainers.self_imitation import KEYS, imitation_sample
+from gyre_ma.training_batch import warm_start_value
 
 
 def rows(n: int, start: int = 0) -> B.Batch:
@@ -70,7 +71,10 @@ def test_an_update_imitates_a_decision_that_beat_the_critic(tmp_path):
         gyres[0].arbitrate(trajectories)
         batch = gyres[0].batch(trajectories)
         row = int(torch.nonzero(batch[B.MASK].sum(-1) > 1)[0])
-        # one decision whose return far exceeds anything the fresh critic expects
+        for g in gyres:  # the critic as the first update starts it on this batch (its mean return)
+            g.learner.critic.initialise(warm_start_value(batch[B.RETURN]))
+            g.learner.critic_initialised = True
+        # one decision whose return far exceeds anything that critic expects
         one = {k: v[row:row + 1] for k, v in batch.items()} | {B.RETURN: torch.tensor([100.0]),
                                                                  B.ADVANTAGE: torch.zeros(1)}
 

@@ -96,7 +96,7 @@ def run(seed: int, iterations: int | None, eval_seeds: list[int], overrides: dic
         try:
             out["imitation"] = imitate(gyre, imitation_episodes, epochs=60, lr=1e-3, seed=seed)
             out["heldout"].append({"iteration": 0, "env_steps": 0} | heldout(gyre, eval_seeds))
-            curve = []
+            curve, kls = [], []
             last = cfg.train.iterations if stop is None else min(stop, cfg.train.iterations)
             for i in range(last):
                 kept = {k: v.detach().clone() for k, v in gyre.policy.state_dict().items()} if i < freeze else None
@@ -104,10 +104,12 @@ def run(seed: int, iterations: int | None, eval_seeds: list[int], overrides: dic
                 if kept is not None:  # the critic learns; the policy is put back as it was
                     gyre.policy.load_state_dict(kept)
                 curve.append(m.get("success_rate"))
+                kls.append(m.get("kl", float("nan")))
                 if i + 1 in checkpoints or i + 1 == last:
                     out["heldout"].append({"iteration": i + 1, "env_steps": gyre.env_steps}
                                           | heldout(gyre, eval_seeds))
             out["training_success_per_100"] = [float(np.mean(curve[k:k + 100])) for k in range(0, len(curve), 100)]
+            out["kl_per_25"] = [float(np.nanmean(kls[k:k + 25])) for k in range(0, len(kls), 25)]
         finally:
             gyre.close()
     return out

@@ -54,7 +54,8 @@ def test_every_call_carries_version_and_update_changes_policy():
     gamma = gyre.config.credit.gamma
     for c in calls:
         total = c.breakdown.total
-        assert min(total, total * gamma ** (c.duration - 1)) - 1e-9 <= c.reward <= max(total, total * gamma ** (c.duration - 1)) + 1e-9
+        discounted = total * gamma ** (c.duration - 1)
+        assert min(total, discounted) - 1e-9 <= c.reward <= max(total, discounted) + 1e-9
         if c.duration == 1:
             assert c.reward == pytest.approx(total)
     batch = gyre.batch(trajectories)
@@ -71,7 +72,8 @@ def test_nan_loss_skips_the_update():
     batch = gyre.batch(trajectories)
     batch["advantage"] = torch.full_like(batch["advantage"], math.nan)
     before = [p.clone() for p in gyre.policy.parameters()]
-    metrics = gyre.learner.fitter.fit(gyre.learner.manager_module, batch, epochs=1, minibatch_size=64, generator=torch.Generator())
+    metrics = gyre.learner.fitter.fit(gyre.learner.manager_module, batch, epochs=1, minibatch_size=64,
+                                      generator=torch.Generator())
     assert metrics["skipped"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, gyre.policy.parameters(), strict=True))
 
@@ -163,7 +165,9 @@ def test_an_entropy_schedule_moves_the_bonus_linearly_to_its_final_weight():
                                        "checkpoints.enabled": False})
     assert [h["entropy_coef"] for h in history] == pytest.approx([0.02, 0.01, 0.0])
     assert gyre.learner.manager_module.module.entropy_coef == 0.0
-    _, constant = run(DOORKEY, 2, **{"checkpoints.enabled": False})
+    _, default = run(DOORKEY, 2, **{"checkpoints.enabled": False})  # the default: 0.01 down to 0
+    assert [h["entropy_coef"] for h in default] == pytest.approx([0.01, 0.0])
+    _, constant = run(DOORKEY, 2, **{"checkpoints.enabled": False, "train.entropy_final": None})
     assert [h["entropy_coef"] for h in constant] == [0.01, 0.01]
 
 

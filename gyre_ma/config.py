@@ -222,12 +222,8 @@ class TrainConfig(_Section):
     None: ``entropy_coef`` throughout. 0 by default: the bonus explores early, and the policy a
     run ends with is not held stochastic once the signal that would sharpen it is noise. Once
     nearly every episode succeeds, a constant bonus outweighs what is left of the policy
-    gradient, and sampled success sags below greedy: the quickstart's last policy verified
-    0.815 of held-out episodes sampled on run seed 0 (greedy 1.0). Measured at 0 against None,
-    every env (``benchmarks/results/README.md``, session 28): quickstart run seeds 0-7 sampled
-    >= 0.895 (0.815 at None), coverage sampled mean 0.878 (0.842) and greedy 0.903 (0.889),
-    the four outside envs within every target, and on the tech tree milestone-anchored 244k
-    env steps to 90 % held-out against plain GAE's 376k (232k against 382k at None)."""
+    gradient, and sampled success sags below greedy. Measured at 0 against None on every env
+    (``benchmarks/results/README.md``, session 28)."""
     critic_replay: int = Field(0, ge=0)
     """Rows of earlier updates the critic also fits on, the newest (a ring, in the
     checkpoint), ``epochs`` passes over them and the current batch together; 0: the current

@@ -218,7 +218,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     console.print(table)
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
     ck = gyre.checkpoints
-    if ck is not None and ck.best_score is not None:  # final.pt is the last policy; best.pt may be better
+    if ck is not None and ck.best_score is not None:  # final.pt: the policy the run ended with; best.pt may be better
         console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} held-out episodes "
                       f"(evaluate it with gyre-ma eval {run_dir / 'checkpoints' / 'best.pt'})", markup=False)
     write_json(run_dir / "summary.json", metrics | {f"{k}_total": v for k, v in faults.items()})

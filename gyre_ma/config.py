@@ -224,6 +224,14 @@ class TrainConfig(_Section):
     nearly every episode succeeds, a constant bonus outweighs what is left of the policy
     gradient, and sampled success sags below greedy. Measured at 0 against None on every env
     (``benchmarks/results/README.md``, session 28)."""
+    average_last: float = Field(0.0, ge=0.0, lt=1.0)
+    """Fraction of the run's iterations, its last, over which the manager's weights (after
+    each update) are averaged uniformly into the policy the run ends with
+    (:mod:`gyre_ma.trainers.averaging`); 0: the last update's weights. At a constant step
+    size a nearly solved task's policy keeps drifting around its optimum, and the last
+    update's weights are one point of that walk, their average its centre. Off by default:
+    0.25 lifts coverage's long runs but lengthens the 50-iteration runs of the outside envs,
+    whose policy is still improving at the end (``benchmarks/results/README.md``, session 30)."""
     critic_replay: int = Field(0, ge=0)
     """Rows of earlier updates the critic also fits on, the newest (a ring, in the
     checkpoint), ``epochs`` passes over them and the current batch together; 0: the current
@@ -258,6 +266,12 @@ class TrainConfig(_Section):
         if self.iterations < 2:
             return 0.0
         return min(max(iteration, 0) / (self.iterations - 1), 1.0)
+
+    @property
+    def average_start(self) -> int:
+        """The first iteration whose updated weights enter the tail average (``iterations``
+        where it averages nothing)."""
+        return self.iterations - int(self.average_last * self.iterations)
 
     def entropy_at(self, iteration: int) -> float:
         """The entropy bonus weight at ``iteration``."""

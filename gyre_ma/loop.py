@@ -29,6 +29,7 @@ from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, va
 from gyre_ma.rollout import Trajectory
 from gyre_ma.stability import Stability
 from gyre_ma.staleness import fresh_with_metrics
+from gyre_ma.trainers.averaging import TailAverage
 from gyre_ma.trainers.learner import Learner
 from gyre_ma.training_batch import build_batch, segment
 
@@ -64,6 +65,7 @@ class Gyre:
         self.stability = Stability.from_config(config.checkpoints, self.run_dir)
         self.checkpoints = self.stability.checkpoints
         self.curriculum = Curriculum.from_config(config, self.env, self.library) if config.curriculum.enabled else None
+        self.average = TailAverage() if self.learns and t.average_start < t.iterations else None
 
     @property
     def learns(self) -> bool:
@@ -202,6 +204,7 @@ class Gyre:
             metrics |= buffer_metrics | {"update_skipped": 1.0}
             if batch_trajectories:                                         # all could be stale
                 metrics |= self.update(self.batch(batch_trajectories), batch_trajectories)  # B, C, D
+        metrics |= self._average(i)
         if self.curriculum is not None:  # log the phase this iteration ran in, then promote
             metrics |= self.curriculum.metrics()
             self.curriculum.observe(self.curriculum.success_rate(trajectories))
@@ -214,6 +217,20 @@ class Gyre:
         if self.checkpoints is not None:
             self.checkpoints.save("latest", self.state_dict(), step=i)
         return (metrics, trajectories) if return_trajectories else metrics
+
+    def _average(self, i: int) -> dict[str, float]:
+        """From ``train.average_start`` on, the updated weights join the tail average; after
+        the last iteration the policy becomes its mean, the one the run ends with."""
+        t = self.config.train
+        if self.average is None or not t.average_start <= i < t.iterations:
+            return {}
+        if i == t.average_start:  # a run extended by a resume averages its own tail
+            self.average.restart()
+        self.average.add(self.policy)
+        if i == t.iterations - 1:
+            self.average.load_into(self.policy)
+            self.version += 1  # another policy: a worker holding the last update's weights reloads
+        return {"averaged_updates": float(self.average.count)}
 
     def _backend_counts(self) -> dict[str, float]:
         """The backend's fault counters (restarts, timeouts, re-issued and requeued
@@ -236,6 +253,7 @@ class Gyre:
             "noise": self.noise.state_dict(), "rewards": self.rewards.state_dict(), **self.stability.state_dict(),
             "buffer": self.buffer.state_dict() if self.buffer is not None else None,
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
+            "weight_average": self.average.state_dict() if self.average is not None else None,
             "config": self.config.model_dump(mode="json"),
             "checkpoint_decisions": self.checkpoints.decisions() if self.checkpoints is not None else None,
         }
@@ -247,7 +265,7 @@ class Gyre:
         if "rng" in state:
             restore_rng(state["rng"], torch_generators=self._generators())
         for part, key in ((self.noise, "noise"), (self.rewards, "rewards"), (self.buffer, "buffer"),
-                          (self.curriculum, "curriculum")):
+                          (self.curriculum, "curriculum"), (self.average, "weight_average")):
             if part is not None and state.get(key) is not None:
                 part.load_state_dict(state[key])
         self.stability.load_state_dict(state)

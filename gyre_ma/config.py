@@ -231,7 +231,7 @@ class TrainConfig(_Section):
     size a nearly solved task's policy keeps drifting around its optimum, and the last
     update's weights are one point of that walk, their average its centre. Off by default:
     on coverage's 1,200-iteration runs any window from 0.05 to 0.25 lifts greedy success
-    (every run >= 0.9 from 0.1) but sampled success by no more than the evaluation's noise,
+    (mean 0.903 to 0.911-0.920) but sampled success by no more than the evaluation's noise,
     and 0.25 lengthens the outside envs' 50-iteration runs, whose policy is still sharpening
     at the end (``benchmarks/results/README.md``, session 30)."""
     critic_replay: int = Field(0, ge=0)

@@ -5,18 +5,22 @@ actions (5 candidates of 1–3 words), the way an ``LLMOption`` or the LLM manag
 For each model size and batch size B in 1, 16, 64: decisions/s when the B decisions go to
 the engine in one ``score`` call, and when each goes alone (the same B decisions); and
 generated tokens/s of greedy ``generate`` for B prompts at once and one at a time. Models
-are built from a config (``gyre_ma.llm.tiny``) and loaded back from disk; CPU only here
-(``--device cuda`` where a GPU is). The batched and one-at-a-time arms alternate over
+are built from a config (``gyre_ma.llm.tiny``) and loaded back from disk. ``--engine
+transformers`` (the default) runs on ``--device`` (``cpu``, or ``cuda`` where a GPU is);
+``--engine vllm`` needs a CUDA GPU and the ``vllm`` extra (``--vllm-options`` a JSON
+object of ``vllm.LLM`` keyword arguments, e.g. ``'{"enforce_eager": true}'``). The batched and one-at-a-time arms alternate over
 ``--rounds`` rounds; a row gives each arm's median rate and the median of the per-round
 ratios, so a machine whose load changes during the run skews the ratio less. Prints one
 JSON object.
 
     python benchmarks/llm_engines.py > benchmarks/results/llm_engines.json
+    python benchmarks/llm_engines.py --engine vllm > benchmarks/results/llm_engines_vllm.json
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import tempfile
 import time
@@ -65,9 +69,17 @@ def _paired(fast: list[float], slow: list[float]) -> dict[str, float]:
             "ratio": round(float(np.median(np.divide(fast, slow))), 2)}
 
 
+def _parameters(model_dir: Any) -> int:
+    from transformers import AutoModelForCausalLM
+
+    return sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    parser.add_argument("--device", default="cpu", help="the transformers engine's device")
+    parser.add_argument("--vllm-options", default="{}", help="JSON object of vllm.LLM keyword arguments")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--min-seconds", type=float, default=2.0, help="per arm, over all rounds")
     parser.add_argument("--rounds", type=int, default=5, help="batched and one-at-a-time alternate this many times")
@@ -76,12 +88,18 @@ def main() -> None:
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batches.split(",")]
     rng = np.random.default_rng(0)
-    out: dict[str, Any] = {"benchmark": "llm_engines", "device": args.device, "threads": 1, "rounds": args.rounds,
-                           "candidates_per_decision": len(ACTIONS), "prompt_words": 40, "models": {}}
+    vllm_options = json.loads(args.vllm_options)
+    options = ({"device": args.device} if args.engine == "transformers"
+               else {"gpu_memory_utilization": 0.3, **vllm_options})
+    out: dict[str, Any] = {"benchmark": "llm_engines", "engine": args.engine, "options": options,
+                           "device": args.device if args.engine == "transformers" else "cuda",
+                           "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                           "threads": 1, "rounds": args.rounds, "candidates_per_decision": len(ACTIONS),
+                           "prompt_words": 40, "models": {}}
     for name, size in SIZES.items():
-        engine = make_engine("transformers", build_tiny_model(tempfile.mkdtemp(), WORDS + ACTIONS, **size),
-                             device=args.device)
-        params = sum(p.numel() for p in engine.model.parameters())
+        model_dir = build_tiny_model(tempfile.mkdtemp(), WORDS + ACTIONS, **size)
+        engine = make_engine(args.engine, model_dir, **options)
+        params = _parameters(model_dir)
         rows = []
         for b in batches:
             prompts = [_prompt(rng) for _ in range(b)]
@@ -99,6 +117,8 @@ def main() -> None:
                          "generate_tokens_per_s_batched": gen["fast"], "generate_tokens_per_s_one_at_a_time": gen["slow"],
                          "generate_speedup": gen["ratio"]})
         out["models"][name] = {"parameters": params, **size, "rows": rows}
+        del engine  # a vLLM engine holds its share of the GPU until collected
+        gc.collect()
     print(json.dumps(out))
 
 

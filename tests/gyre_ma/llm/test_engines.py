@@ -121,7 +121,7 @@ def test_bad_requests_and_models_are_named(engine, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
                     reason="vLLM needs the vllm extra and a CUDA GPU; neither is on this machine")
 def test_vllm_scores_like_transformers(model_dir, engine):
-    vllm_engine = make_engine("vllm", model_dir)
+    vllm_engine = make_engine("vllm", model_dir, gpu_memory_utilization=0.2, enforce_eager=True)
     prompts, candidates = [TEXTS[0]], [["go north", "look"]]
     np.testing.assert_allclose(vllm_engine.score(prompts, candidates)[0], engine.score(prompts, candidates)[0],
                                atol=1e-2)

@@ -199,7 +199,7 @@ def test_train_then_eval_an_llm_manager_from_the_cli(tmp_path):
                            "this machine has neither")
 def test_vllm_scores_the_managers_options_as_its_module_does_after_a_weight_push(tmp_path):
     policy, _ = _policy(tmp_path, ["left", "right", "wait"])
-    engine = policy.vllm_engine(gpu_memory_utilization=0.2)
+    engine = policy.vllm_engine(gpu_memory_utilization=0.2, enforce_eager=True)
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.01 * torch.randn_like(p))

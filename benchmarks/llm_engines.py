@@ -8,10 +8,10 @@ generated tokens/s of greedy ``generate`` for B prompts at once and one at a tim
 are built from a config (``gyre_ma.llm.tiny``) and loaded back from disk. ``--engine
 transformers`` (the default) runs on ``--device`` (``cpu``, or ``cuda`` where a GPU is);
 ``--engine vllm`` needs a CUDA GPU and the ``vllm`` extra (``--vllm-options`` a JSON
-object of ``vllm.LLM`` keyword arguments, e.g. ``'{"enforce_eager": true}'``). The batched and one-at-a-time arms alternate over
-``--rounds`` rounds; a row gives each arm's median rate and the median of the per-round
-ratios, so a machine whose load changes during the run skews the ratio less. Prints one
-JSON object.
+object of ``vllm.LLM`` keyword arguments, e.g. ``'{"enforce_eager": true}'``). The
+batched and one-at-a-time arms alternate over ``--rounds`` rounds; a row gives each arm's
+median rate and the median of the per-round ratios, so a machine whose load changes during
+the run skews the ratio less. Prints one JSON object.
 
     python benchmarks/llm_engines.py > benchmarks/results/llm_engines.json
     python benchmarks/llm_engines.py --engine vllm > benchmarks/results/llm_engines_vllm.json
@@ -69,6 +69,27 @@ def _paired(fast: list[float], slow: list[float]) -> dict[str, float]:
             "ratio": round(float(np.median(np.divide(fast, slow))), 2)}
 
 
+def _rows(engine: Any, batches: list[int], rng: np.random.Generator, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Scoring and generation, batched against one at a time, at each batch size."""
+    rows = []
+    for b in batches:
+        prompts = [_prompt(rng) for _ in range(b)]
+        cands = [ACTIONS] * b
+        score = _paired(*_rates([lambda: engine.score(prompts, cands),
+                                 lambda: [engine.score([p], [ACTIONS]) for p in prompts]], [b, b],
+                                args.min_seconds, args.rounds))
+        made = engine.generate(prompts, max_new_tokens=args.new_tokens)  # tokens actually generated (EOS ends some)
+        tokens = sum(len(engine._encode(t)) for t in made)
+        gen = _paired(*_rates([lambda: engine.generate(prompts, max_new_tokens=args.new_tokens),
+                               lambda: [engine.generate([p], max_new_tokens=args.new_tokens) for p in prompts]],
+                              [tokens, tokens], args.min_seconds, args.rounds))
+        rows.append({"batch": b, "score_decisions_per_s_batched": score["fast"],
+                     "score_decisions_per_s_one_at_a_time": score["slow"], "score_speedup": score["ratio"],
+                     "generate_tokens_per_s_batched": gen["fast"], "generate_tokens_per_s_one_at_a_time": gen["slow"],
+                     "generate_speedup": gen["ratio"]})
+    return rows
+
+
 def _parameters(model_dir: Any) -> int:
     from transformers import AutoModelForCausalLM
 
@@ -100,22 +121,7 @@ def main() -> None:
         model_dir = build_tiny_model(tempfile.mkdtemp(), WORDS + ACTIONS, **size)
         engine = make_engine(args.engine, model_dir, **options)
         params = _parameters(model_dir)
-        rows = []
-        for b in batches:
-            prompts = [_prompt(rng) for _ in range(b)]
-            cands = [ACTIONS] * b
-            score = _paired(*_rates([lambda: engine.score(prompts, cands),
-                                     lambda: [engine.score([p], [ACTIONS]) for p in prompts]], [b, b],
-                                    args.min_seconds, args.rounds))
-            made = engine.generate(prompts, max_new_tokens=args.new_tokens)  # tokens actually generated (EOS ends some)
-            tokens = sum(len(engine._encode(t)) for t in made)
-            gen = _paired(*_rates([lambda: engine.generate(prompts, max_new_tokens=args.new_tokens),
-                                   lambda: [engine.generate([p], max_new_tokens=args.new_tokens) for p in prompts]],
-                                  [tokens, tokens], args.min_seconds, args.rounds))
-            rows.append({"batch": b, "score_decisions_per_s_batched": score["fast"],
-                         "score_decisions_per_s_one_at_a_time": score["slow"], "score_speedup": score["ratio"],
-                         "generate_tokens_per_s_batched": gen["fast"], "generate_tokens_per_s_one_at_a_time": gen["slow"],
-                         "generate_speedup": gen["ratio"]})
+        rows = _rows(engine, batches, rng, args)
         out["models"][name] = {"parameters": params, **size, "rows": rows}
         del engine  # a vLLM engine holds its share of the GPU until collected
         gc.collect()

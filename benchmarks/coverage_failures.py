@@ -47,7 +47,7 @@ def nearest_first_wins(seeds: list[int]) -> dict[int, bool]:
 
 def train(seed: int, iterations: int | None, eval_seeds: list[int], overrides: dict[str, Any]) -> dict[str, Any]:
     """Train; per mode, each held-out episode's seed, success and idle stays."""
-    from gyre_ma.roles import RolloutTask
+    from gyre_ma.roles import evaluation_tasks
 
     out: dict[str, Any] = {"seed": seed}
     with trained(ENV, seed, iterations, overrides) as (gyre, _):
@@ -56,7 +56,7 @@ def train(seed: int, iterations: int | None, eval_seeds: list[int], overrides: d
         for mode, greedy in (("sampled", False), ("greedy", True)):
             episodes = []
             for t in gyre.backend.collect(gyre.weights(), gyre.version,
-                                          [RolloutTask("executor", s, greedy=greedy) for s in eval_seeds]):
+                                          evaluation_tasks(eval_seeds, greedy=greedy)):
                 idle = [c for c in t.calls if c.option == stay and int(c.mask.sum()) > 1]  # stayed, could move
                 episodes.append({"seed": t.task_seed, "success": bool(t.success), "length": t.length,
                                  "idle_at_start": any(c.start_step == 0 for c in idle), "idle": len(idle)})

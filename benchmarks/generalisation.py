@@ -139,7 +139,7 @@ def trained(name: str, seed: int, iterations: int | None, overrides: dict[str, A
 def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
           overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train the default learner; evaluate its final policy on ``eval_seeds``, sampled and greedy."""
-    from gyre_ma.roles import RolloutTask
+    from gyre_ma.roles import evaluation_tasks
 
     curve: list[dict[str, Any]] = []
 
@@ -152,7 +152,7 @@ def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
                "rollbacks": len(gyre.checkpoints.rollbacks) if gyre.checkpoints else 0,
                "hacking_alarms": [a.name for a in gyre.rewards.monitor.fired], "curve": curve}
         for mode, greedy in (("sampled", False), ("greedy", True)):
-            tasks = [RolloutTask("executor", s, greedy=greedy) for s in eval_seeds]
+            tasks = evaluation_tasks(eval_seeds, greedy=greedy)
             out[mode] = _summary(gyre.backend.collect(gyre.weights(), gyre.version, tasks))
     return out
 

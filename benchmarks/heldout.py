@@ -31,12 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _judge(gyre: Any, seeds: list[int]) -> dict[str, Any]:
     from gyre_ma.metrics import wilson_interval
-    from gyre_ma.roles import RolloutTask
+    from gyre_ma.roles import evaluation_tasks
 
     out = {}
     for mode, greedy in (("sampled", False), ("greedy", True)):
-        runs = gyre.backend.collect(gyre.weights(), gyre.version, [RolloutTask("executor", s, greedy=greedy)
-                                                                   for s in seeds])
+        runs = gyre.backend.collect(gyre.weights(), gyre.version, evaluation_tasks(seeds, greedy=greedy))
         wins = sum(t.success for t in runs)
         out[mode] = {"success": wins / len(runs), "ci95": list(wilson_interval(wins, len(runs))),
                      "mean_length": sum(t.length for t in runs) / len(runs)}

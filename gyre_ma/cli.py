@@ -318,10 +318,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.files import write_json
     from gyre_ma.loop import Gyre
     from gyre_ma.metrics import episode_metrics, wilson_interval
-    from gyre_ma.roles import RolloutTask
+    from gyre_ma.roles import evaluation_tasks
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.stream < 0:
+        raise UsageError(f"--stream must be >= 0, got {args.stream}")
     path, config = _eval_target(args)
     args.checkpoint = str(path)
     state = load_checkpoint(path)
@@ -338,7 +340,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           + ", ".join(f"{k}={v!r}" for k, v in references), markup=False, soft_wrap=True)
     gyre = Gyre(config)
     gyre.load_state_dict(state)
-    tasks = [RolloutTask("executor", args.seed + i, greedy=args.greedy) for i in range(args.episodes)]
+    tasks = evaluation_tasks(range(args.seed, args.seed + args.episodes), greedy=args.greedy, stream=args.stream)
     try:
         trajectories = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
     finally:
@@ -349,7 +351,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics |= {"success_ci95_low": low, "success_ci95_high": high}
     mode = "greedy" if args.greedy else "sampled"
     table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes "
-                        f"({mode}, task seeds {args.seed}–{args.seed + args.episodes - 1})")
+                        f"({mode}, task seeds {args.seed}–{args.seed + args.episodes - 1}, stream {args.stream})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("verified completion", f"{metrics['success_rate']:.1%} (95 % CI {low:.1%}–{high:.1%})")
@@ -501,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--seed", type=int, default=1_000_000, help="first task seed (training uses others)")
     p.add_argument("--greedy", action="store_true", help="take the most likely option")
+    p.add_argument("--stream", type=int, default=0,
+                   help="sampling stream: any two policies evaluated on the same seeds and stream draw the same "
+                        "random numbers, so their figures differ by their choices alone (default 0)")
     p.add_argument("--json", help="also write the metrics as JSON here")
     p = sub.add_parser("plot", help="draw a run's learning curves and milestone rates to PNG")
     p.add_argument("run_dir", help="a run directory written by gyre-ma train")

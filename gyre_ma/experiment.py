@@ -471,7 +471,7 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.loop import Gyre
     from gyre_ma.metrics import heldout_result
-    from gyre_ma.roles import RolloutTask
+    from gyre_ma.roles import evaluation_tasks
 
     config = load_config(run_dir / "config.yaml")
     path = run_dir / "checkpoints" / f"{checkpoint}.pt"
@@ -482,7 +482,7 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
     out: dict[str, Any] = {"checkpoint": path.name, "episodes": episodes, "first_seed": seed}
     try:
         for mode, greedy in (("sampled", False), ("greedy", True)):
-            tasks = [RolloutTask("executor", seed + i, greedy=greedy) for i in range(episodes)]
+            tasks = evaluation_tasks(range(seed, seed + episodes), greedy=greedy)
             played = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
             out[mode] = heldout_result([(t.success, t.length) for t in played]) | {
                 "option_calls": sum(len(t.calls) for t in played) / len(played)}

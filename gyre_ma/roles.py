@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gyre_ma.backends.worker import RolloutKit
 
 ROLES: tuple[str, ...] = ("explorer", "executor", "evaluator")
+EVALUATION = 0x65_76_61_6C  # "eval": marks the seeds of held-out evaluation's streams
 
 
 # ---------------------------------------------------------------------------- task and result
@@ -50,12 +51,20 @@ class RolloutTask:
     """Take the policy's argmax and ignore the noise (validation)."""
     max_steps: int | None = None
     """Primitive step cap; None → the worker's default."""
+    stream: int | None = None
+    """Held-out evaluation's sampling stream. None (training): the manager seed mixes in the
+    policy version, so each iteration draws afresh. An int: the seed comes from the task and
+    this stream, not the version, so every policy evaluated on the same tasks and stream
+    draws the same uniforms: two policies' figures differ by their choices alone (paired,
+    common random numbers), and the same weights give the same figures whatever their version."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"task role must be one of {list(ROLES)}, got {self.role!r}")
         if not isinstance(self.noise, NoiseSetting):
             raise TypeError(f"task noise must be a NoiseSetting, got {type(self.noise).__name__}")
+        if self.stream is not None and (not isinstance(self.stream, int) or self.stream < 0):
+            raise ValueError(f"task stream must be None or an int >= 0, got {self.stream!r}")
 
     @classmethod
     def coerce(cls, item: RolloutTask | Sequence[Any]) -> RolloutTask:
@@ -67,10 +76,18 @@ class RolloutTask:
         raise TypeError(f"expected a RolloutTask or (role, task_seed[, episode]), got {item!r}")
 
     def manager_seed(self, version: int) -> int:
-        """The episode's manager seed (perturbation and sampling), distinct per task."""
-        return int(np.random.SeedSequence(
-            [self.task_seed, self.episode, ROLES.index(self.role), version, int(self.greedy)]
-        ).generate_state(1)[0])
+        """The episode's manager seed (perturbation and sampling), distinct per task; from the
+        policy version in training, from :attr:`stream` in a held-out evaluation."""
+        entropy = [self.task_seed, self.episode, ROLES.index(self.role), version, int(self.greedy)]
+        if self.stream is not None:  # six words against training's five: a seed domain of its own
+            entropy = [self.task_seed, self.episode, ROLES.index(self.role), int(self.greedy), EVALUATION, self.stream]
+        return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def evaluation_tasks(seeds: Iterable[int], *, greedy: bool = False, stream: int = 0) -> list[RolloutTask]:
+    """Held-out evaluation's episodes: one executor episode per task seed, without noise, on
+    sampling ``stream`` (:attr:`RolloutTask.stream`: paired across policies and versions)."""
+    return [RolloutTask("executor", int(s), greedy=greedy, stream=stream) for s in seeds]
 
 
 @dataclass

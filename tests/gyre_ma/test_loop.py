@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from gyre_ma.checkpoints import load_checkpoint, save_checkpoint
 from gyre_ma.config import load_config
 from gyre_ma.loop import Gyre
 from gyre_ma.metrics import anchor_metrics, episode_metrics
@@ -119,6 +120,18 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(run_dir / "checkpoints" / "latest.pt"),
                           "--episodes", "2", "--config", str(DOORKEY)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    # the same weights under another version: the same held-out figures (evaluation draws from its stream)
+    state = load_checkpoint(ckpt)
+    state["version"] += 7
+    save_checkpoint(tmp_path / "bumped.pt", state)
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(tmp_path / "bumped.pt"), "--episodes", "3",
+                          "--trust-config", "--json", str(tmp_path / "bumped.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "bumped.json").read_text()) == result
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(ckpt), "--stream", "-1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "--stream must be >= 0, got -1" in out.stderr
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "plot", str(run_dir)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -15,6 +15,7 @@ from gyre_ma.roles import (
     Explorer,
     RoleTrajectory,
     RolloutTask,
+    evaluation_tasks,
     iteration_tasks,
     milestone_score,
     validation_tasks,
@@ -46,6 +47,35 @@ def doorkey():
 @pytest.fixture(scope="module")
 def workflow():
     return RolloutWorker(WORKFLOW_ORACLE)
+
+
+def test_an_evaluation_stream_seeds_apart_from_the_version_and_from_training():
+    task = RolloutTask("executor", 7, stream=0)
+    assert task.manager_seed(0) == task.manager_seed(99)
+    assert RolloutTask("executor", 7, stream=1).manager_seed(0) != task.manager_seed(0)
+    assert RolloutTask("executor", 7, greedy=True, stream=0).manager_seed(0) != task.manager_seed(0)
+    assert task.manager_seed(0) not in {RolloutTask("executor", 7).manager_seed(v) for v in range(1000)}
+    assert evaluation_tasks(range(3), greedy=True, stream=2) == [RolloutTask("executor", s, greedy=True, stream=2)
+                                                                 for s in range(3)]
+    with pytest.raises(ValueError, match="task stream must be None or an int >= 0, got -1"):
+        RolloutTask("executor", 7, stream=-1)
+
+
+def test_held_out_evaluation_plays_the_same_weights_alike_whatever_their_version(doorkey):
+    """Evaluation tasks draw from their stream, not the policy version: two versions of the
+    same weights play the same episodes (and two policies share their random numbers), while
+    training tasks draw afresh at each version."""
+    worker, weights = doorkey
+
+    def play(tasks, version):
+        return [fingerprint(worker.run(t, weights, version))[2:] for t in tasks]  # all but seed and version
+
+    seeds = range(40, 52)
+    paired = evaluation_tasks(seeds)
+    assert play(paired, 5) == play(paired, 6)
+    training = [RolloutTask("executor", s) for s in seeds]
+    assert play(training, 5) != play(training, 6)
+    assert play(evaluation_tasks(seeds, stream=1), 5) != play(paired, 5)
 
 
 def test_a_role_plays_whole_episodes_with_its_version_and_metadata(doorkey):

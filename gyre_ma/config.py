@@ -230,10 +230,11 @@ class TrainConfig(_Section):
     (:mod:`gyre_ma.trainers.averaging`); 0: the last update's weights. At a constant step
     size a nearly solved task's policy keeps drifting around its optimum, and the last
     update's weights are one point of that walk, their average its centre. Off by default:
-    on coverage's 1,200-iteration runs any window from 0.05 to 0.25 lifts greedy success
-    (mean 0.903 to 0.911-0.920) but sampled success by no more than the evaluation's noise,
-    and 0.25 lengthens the outside envs' 50-iteration runs, whose policy is still sharpening
-    at the end (``benchmarks/results/README.md``, session 30)."""
+    on coverage's 1,200-iteration runs, evaluated paired against the last policy, windows of
+    0.05 to 0.25 lift sampled success by 0.016-0.027 and greedy by 0.008-0.017 on 5 of 6
+    runs, a gain not yet told from zero that meets none of coverage's targets, and from 0.10
+    they lengthen the outside envs' 50-iteration runs, whose policy is still sharpening at the
+    end (``benchmarks/results/README.md``, sessions 30 and 31)."""
     critic_replay: int = Field(0, ge=0)
     """Rows of earlier updates the critic also fits on, the newest (a ring, in the
     checkpoint), ``epochs`` passes over them and the current batch together; 0: the current

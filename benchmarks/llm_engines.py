@@ -110,6 +110,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     rng = np.random.default_rng(0)
     vllm_options = json.loads(args.vllm_options)
+    if not isinstance(vllm_options, dict):
+        parser.error(f"--vllm-options must be a JSON object of vllm.LLM keyword arguments, got {args.vllm_options!r}")
     options = ({"device": args.device} if args.engine == "transformers"
                else {"gpu_memory_utilization": 0.3, **vllm_options})
     out: dict[str, Any] = {"benchmark": "llm_engines", "engine": args.engine, "options": options,

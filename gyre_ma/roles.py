@@ -78,9 +78,9 @@ class RolloutTask:
     def manager_seed(self, version: int) -> int:
         """The episode's manager seed (perturbation and sampling), distinct per task; from the
         policy version in training, from :attr:`stream` in a held-out evaluation."""
-        entropy = [self.task_seed, self.episode, ROLES.index(self.role), version, int(self.greedy)]
-        if self.stream is not None:  # six words against training's five: a seed domain of its own
-            entropy = [self.task_seed, self.episode, ROLES.index(self.role), int(self.greedy), EVALUATION, self.stream]
+        task = [self.task_seed, self.episode, ROLES.index(self.role)]
+        entropy = (task + [version, int(self.greedy)] if self.stream is None
+                   else task + [int(self.greedy), EVALUATION, self.stream])  # six words: a seed domain of its own
         return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 

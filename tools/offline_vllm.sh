@@ -13,10 +13,11 @@
 # .git/info/exclude ignores (`echo /.vl/ >> .git/info/exclude; tools/offline_vllm.sh pack .vl`),
 # then one call per chunk, back to back (a machine stays up ~30 s between calls), each carrying
 # only its chunk: `bash tools/offline_vllm.sh stash .vl/p1` with carry [".vl/p1"], ..., and the
-# last chunk's call ending in `&& bash tools/offline_vllm.sh check $OUT`. Three chunks in all. The wheel drops the FA2 and MoE
-# kernels (unused by the GPT-2 models here), and the dependencies are the modules `import
-# vllm`, its engine, GPT-2 and its attention backends import that such an image lacks (found by
-# importing them with each missing; pydantic, gymnasium and pettingzoo are gyre-ma's own).
+# last chunk's call ending in `&& bash tools/offline_vllm.sh check $OUT`. Three chunks in all.
+# The wheel drops the FA2 and MoE kernels (unused by the GPT-2 models here), and the
+# dependencies are the modules `import vllm`, its engine, GPT-2 and its attention backends
+# import that such an image lacks (found by importing them with each missing; pydantic,
+# gymnasium and pettingzoo are gyre-ma's own).
 set -euo pipefail
 cmd=${1:?pack, stash or check}
 case "$cmd" in
@@ -48,7 +49,8 @@ check)
   out=${2:?OUT}; g=/tmp/gyre-vllm
   cat $g/parts/part.* | xz -d | tar x -C $g
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $g/deps $g/wheels/*.whl
-  rm -rf $g/pkg && mkdir -p $g/pkg && cp -r gyre_ma $g/pkg/ && cp -r options agents envs $g/pkg/gyre_ma/
+  rm -rf $g/pkg  # gyre-ma laid out as pyproject.toml maps it (options/, agents/, envs/ inside gyre_ma)
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target $g/pkg .
   export PYTHONPATH=$g/pkg:$g/site:$g/deps PYTHONUNBUFFERED=1 VLLM_WORKER_MULTIPROC_METHOD=spawn
   nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv || true
   python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__, torch.cuda.is_available())"

@@ -555,7 +555,8 @@ class PolicyActor:
         options = np.empty(n, dtype=np.int64)
         greedy = [i for i, s in enumerate(rows) if s.greedy]
         if greedy:
-            options[greedy] = self._untried_argmax([rows[i] for i in greedy], [decisions[i] for i in greedy], lp[greedy])
+            options[greedy] = self._untried_argmax([rows[i] for i in greedy], [decisions[i] for i in greedy],
+                                                   lp[greedy])
         sampled = [i for i, s in enumerate(rows) if not s.greedy]
         if sampled:
             u = np.array([rows[i].uniform() for i in sampled])

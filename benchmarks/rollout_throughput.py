@@ -152,7 +152,8 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
             if name == "raw_same_actions":
                 per_round[name].append((*replay(replay_env, recorded[r]), 0))
             elif name == "ray":
-                per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise), f"{env_id}/ray"))
+                per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise),
+                                               f"{env_id}/ray"))
             else:
                 per_round[name].append(collect(locals_[int(name.split("_")[1])], weights,
                                                tasks(args.episodes, seed, noise), f"{env_id}/{name}"))
@@ -185,7 +186,8 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
         out["ray_over_local_reference"] = default
         # the driver's CPU while Ray's actors play (receiving their trajectories): a share of a
         # small machine the actors do not get
-        out["ray_driver_cpu_share"] = round(DRIVER_CPU_SECONDS[f"{env_id}/ray"] / sum(t for _, t, _ in per_round["ray"]), 3)
+        out["ray_driver_cpu_share"] = round(DRIVER_CPU_SECONDS[f"{env_id}/ray"]
+                                            / sum(t for _, t, _ in per_round["ray"]), 3)
     return out
 
 

@@ -347,7 +347,8 @@ class _Probe:
                 raise self._fail(
                     "determinism",
                     f"with the same seed and actions, agent {agent!r}'s observation {self._when} differs "
-                    f"between two runs, first {first_difference(exp.observations[t].get(agent), observations.get(agent))}",
+                    "between two runs, first "
+                    f"{first_difference(exp.observations[t].get(agent), observations.get(agent))}",
                     fix_env, agent=agent,
                 )
         if frozenset(verified) != exp.verified[t]:

@@ -159,8 +159,8 @@ def _single_agent(config: Any) -> Any:
     env = make_env(config.env.id, **config.env.kwargs)
     if len(env.possible_agents) != 1:
         raise ValueError(f"an sb3 variant trains a single-agent learner and needs a one-agent env; env "
-                         f"{config.env.id!r} has agents {list(env.possible_agents)} (set its agent count in env.kwargs, "
-                         "e.g. n_agents: 1, in the variant or the overrides)")
+                         f"{config.env.id!r} has agents {list(env.possible_agents)} (set its agent count in "
+                         "env.kwargs, e.g. n_agents: 1, in the variant or the overrides)")
     return to_gymnasium(env)
 
 

@@ -289,7 +289,8 @@ class NonDeterministicPixel(CounterEnv):
     """A dict observation with a large image whose one cell depends on a counter surviving reset()."""
 
     def observation_space(self, agent: str) -> spaces.Space:
-        return spaces.Dict({"count": spaces.Box(0, 100, (1,), np.int64), "image": spaces.Box(0, 9, (8, 8, 3), np.int64)})
+        return spaces.Dict({"count": spaces.Box(0, 100, (1,), np.int64),
+                            "image": spaces.Box(0, 9, (8, 8, 3), np.int64)})
 
     def observe(self, agent: str) -> dict:
         image = np.zeros((8, 8, 3), dtype=np.int64)
@@ -302,5 +303,6 @@ class NonDeterministicPixel(CounterEnv):
 
 
 def test_the_determinism_check_names_the_element_that_differs() -> None:
-    _fails(NonDeterministicPixel, "determinism", r"first at \['image'\]\[5, 2, 1\]: (np\.int64\()?[01]\)? vs (np\.int64\()?[01]\)?",
+    _fails(NonDeterministicPixel, "determinism",
+           r"first at \['image'\]\[5, 2, 1\]: (np\.int64\()?[01]\)? vs (np\.int64\()?[01]\)?",
            pettingzoo_tests=False)

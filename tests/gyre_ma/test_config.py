@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_validate_and_derived_values_are_properties():
-    cfg = parse_config({"name": "x", "train": {"episodes_per_iteration": 12}, "roles": {"explorers": 1, "executors": 3}})
+    cfg = parse_config({"name": "x", "train": {"episodes_per_iteration": 12},
+                        "roles": {"explorers": 1, "executors": 3}})
     assert cfg.group_size == 4 and cfg.groups_per_iteration == 3
     assert str(cfg.run_dir) == "runs/x"
     with pytest.raises(Exception):
@@ -45,7 +46,8 @@ def test_every_field_has_a_docstring():
 def test_errors_name_path_value_and_expectation():
     with pytest.raises(ConfigError, match=r"'train.lr': Input should be greater than 0 \(got -1\)"):
         parse_config({"train": {"lr": -1}})
-    with pytest.raises(ConfigError, match=r"unknown key 'credit.lamda'; accepted keys here: \['anchor_prior', 'gamma', 'gigpo_step_weight', 'lam'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'credit.lamda'; accepted keys here: "
+                                          r"\['anchor_prior', 'gamma', 'gigpo_step_weight', 'lam'"):
         parse_config({"credit": {"lamda": 0.9}})
     with pytest.raises(ConfigError, match=r"`train.episodes_per_iteration` \(10\) must be a multiple of the group "
                                           r"size, `roles.explorers` \(1\) \+ `roles.executors` \(3\) = 4"):
@@ -75,7 +77,8 @@ SECTIONS = {name: f.annotation for name, f in ExperimentConfig.model_fields.item
 bad_values = {
     "int": st.one_of(st.text(min_size=1, max_size=5).filter(lambda s: not s.strip().lstrip("-").isdigit()),
                      st.integers(max_value=-1), st.lists(st.integers(), min_size=1, max_size=2)),
-    "float": st.one_of(st.just("fast"), st.floats(min_value=1.5, max_value=1e6), st.floats(max_value=-1e-3, min_value=-1e6)),
+    "float": st.one_of(st.just("fast"), st.floats(min_value=1.5, max_value=1e6),
+                       st.floats(max_value=-1e-3, min_value=-1e6)),
 }
 
 
@@ -84,7 +87,8 @@ def invalid_configs(draw):
     """(config mapping, text the error must contain)."""
     kind = draw(st.sampled_from(["unknown_top", "unknown_nested", "bad_value", "bad_literal", "not_mapping", "groups"]))
     if kind == "unknown_top":
-        key = draw(st.from_regex(r"[a-z]{3,10}", fullmatch=True).filter(lambda k: k not in ExperimentConfig.model_fields))
+        key = draw(st.from_regex(r"[a-z]{3,10}", fullmatch=True)
+                   .filter(lambda k: k not in ExperimentConfig.model_fields))
         return {key: 1}, f"unknown key '{key}'"
     section = draw(st.sampled_from(sorted(SECTIONS)))
     model = SECTIONS[section]
@@ -92,12 +96,14 @@ def invalid_configs(draw):
         key = draw(st.from_regex(r"[a-z_]{3,12}", fullmatch=True).filter(lambda k: k not in model.model_fields))
         return {section: {key: draw(st.integers())}}, f"unknown key '{section}.{key}'"
     if kind == "not_mapping":
-        return {section: draw(st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers(), max_size=2)))}, f"'{section}'"
+        return ({section: draw(st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers(), max_size=2)))},
+                f"'{section}'")
     if kind == "groups":
         g = draw(st.integers(2, 9))
         return {"roles": {"explorers": 1, "executors": g - 1},
                 "train": {"episodes_per_iteration": g * draw(st.integers(1, 5)) + 1}}, "episodes_per_iteration"
-    numeric = {n: f for n, f in model.model_fields.items() if f.annotation in (int, float) or str(f.annotation) in ("int | None",)}
+    numeric = {n: f for n, f in model.model_fields.items()
+               if f.annotation in (int, float) or str(f.annotation) in ("int | None",)}
     literal = {n: f for n, f in model.model_fields.items() if "Literal" in str(f.annotation)}
     if kind == "bad_literal" and literal:
         name = draw(st.sampled_from(sorted(literal)))

@@ -206,7 +206,8 @@ def test_a_stable_baselines3_variant_trains_beside_the_manager_and_reports(tmp_p
     from gyre_ma.roles import TRAINING_SEEDS
 
     (tmp_path / "base.yaml").write_text(
-        "name: one\nenv: {id: techtree_v0, kwargs: {n_agents: 1, size: 16, goal: make_stone_pickaxe, max_cycles: 150}}\n"
+        "name: one\nenv: {id: techtree_v0, kwargs: {n_agents: 1, size: 16, goal: make_stone_pickaxe, "
+        "max_cycles: 150}}\n"
         "train: {episodes_per_iteration: 4, minibatch_size: 32, epochs: 1}\nmonitor: {spot_checks: 0}\n")
     path = tmp_path / "sb3.yaml"
     path.write_text(f"""\

@@ -262,7 +262,8 @@ def test_noisy_validation_of_an_unchanged_policy_rarely_rolls_back(tmp_path):
     was itself the luckiest window (1.6 rollbacks per 50-iteration run at 30-60 % success). The
     default — a drop below the best's lower bound on two windows that share no episode — rolls
     back an unchanged policy in none of thirty."""
-    old = _noisy_run(tmp_path / "old", {"checkpoints.min_validation_episodes": 1, "checkpoints.rollback_confidence": 0.5,
+    old = _noisy_run(tmp_path / "old", {"checkpoints.min_validation_episodes": 1,
+                                        "checkpoints.rollback_confidence": 0.5,
                                         "checkpoints.rollback_threshold": 0.1, "checkpoints.max_rollbacks": 1000})
     assert len(old.checkpoints.rollbacks) >= 5
     for p in (0.3, 0.6, 0.9):

@@ -87,7 +87,8 @@ def test_a_users_manager_detector_or_rule_snapshot_that_raises_is_named():
 
     MyManager.__module__ = __name__  # a user's manager, not one of gyre-ma's
     env = make_env("coverage_v0")
-    with pytest.raises(UserCodeError, match=r"manager .*MyManager.decide \(agent 'agent_0', task seed 1\) raised KeyError"):
+    with pytest.raises(UserCodeError,
+                       match=r"manager .*MyManager.decide \(agent 'agent_0', task seed 1\) raised KeyError"):
         run_episode(env, _library(lambda ctx: 0), MyManager(0), seed=1)
 
     def no_such_state(env):

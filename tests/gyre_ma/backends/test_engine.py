@@ -143,7 +143,8 @@ def test_async_polls_play_a_policy_version_at_a_time(weights):
     got = backend.poll(timeout=None)
     assert [t.policy_version for t in got] == [0, 0, 1, 1]
     assert [fingerprint(t) for t in got] == [fingerprint(t) for t in
-                                            backend.collect(weights, 0, tasks[:2]) + backend.collect(weights, 1, tasks[2:])]
+                                            backend.collect(weights, 0, tasks[:2])
+                                            + backend.collect(weights, 1, tasks[2:])]
 
 
 @pytest.mark.parametrize("env, library, kwargs", [

@@ -168,7 +168,8 @@ def test_same_config_and_seed_give_the_same_llm_run():
 
 @pytest.mark.timeout(600)
 def test_ray_workers_get_each_policy_version_of_the_llm_manager_within_the_staleness_bound(tmp_path):
-    cmd = [sys.executable, "-m", "gyre_ma.cli", "train", str(LLM_QUICKSTART), "--quiet", "--set", f"run_root={tmp_path}",
+    cmd = [sys.executable, "-m", "gyre_ma.cli", "train", str(LLM_QUICKSTART), "--quiet",
+           "--set", f"run_root={tmp_path}",
            "--set", "backend.name=ray", "--set", "backend.workers=2", "--set", "backend.async_rollouts=true",
            "--set", "backend.max_staleness=1", "--set", "backend.startup_timeout_s=500",
            "--set", "backend.ray_init={num_cpus: 2, include_dashboard: false}"]

@@ -40,7 +40,8 @@ def test_naive_surface_rule_is_hacked_and_verified_rewards_are_not(bench):
     assert peak > 5 * max(n["reward_first"], 1.0)
     assert n["completion_last"] < 0.25 and n["completion_last"] - n["completion_first"] < 0.2
     assert _peak(naive["curves"]["option_calls"]) > 3 * naive["curves"]["option_calls"][0]
-    assert {"reward_without_completion", "rules_without_success", "option_choices_without_completion"} <= set(n["alarms"])
+    assert ({"reward_without_completion", "rules_without_success", "option_choices_without_completion"}
+            <= set(n["alarms"]))
 
     # defended: the same training completes the task, and no alarm fires
     assert d["completion_last"] >= 0.7 and d["completion_last"] - d["completion_first"] >= 0.5

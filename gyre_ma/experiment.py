@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -245,15 +246,27 @@ RunState = Literal["new", "partial", "trained", "done"]
 
 def run_state(run_dir: Path) -> RunState:
     """Where a run stands, from its files: ``done`` (evaluated), ``trained`` (``final.pt``),
-    ``partial`` (a checkpoint to resume from, gyre-ma's or an SB3 run's), ``new``."""
+    ``partial`` (a checkpoint to resume from, gyre-ma's or an SB3 run's), ``new``.
+
+    gyre-ma resumes from the ``latest`` slot only: a run killed after its first ``best``
+    checkpoint but before its first ``latest`` one is ``new`` (it replays from scratch to the
+    same weights). A manifest that cannot be read counts as ``partial``, so the resume names
+    it and nothing is removed."""
     checkpoints = run_dir / "checkpoints"
     if (run_dir / EVAL_FILE).is_file():
         return "done"
     if (checkpoints / "final.pt").is_file():
         return "trained"
-    if (checkpoints / "manifest.json").is_file() or (run_dir / SB3_STATE).is_file():
+    if (run_dir / SB3_STATE).is_file():
         return "partial"
-    return "new"
+    manifest = checkpoints / "manifest.json"
+    if not manifest.is_file():
+        return "new"
+    try:
+        slots = json.loads(manifest.read_text()).get("slots")
+    except (OSError, ValueError, AttributeError):
+        return "partial"
+    return "partial" if not isinstance(slots, dict) or "latest" in slots else "new"
 
 
 def completed_iterations(run_dir: Path) -> int:

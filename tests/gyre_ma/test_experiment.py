@@ -127,6 +127,29 @@ def test_a_killed_experiment_loses_no_finished_run_and_resumes_the_others(tmp_pa
     assert kept_eval == _digest(first / "eval.json")
 
 
+def test_a_run_killed_before_its_first_latest_checkpoint_starts_over(tmp_path):
+    """gyre-ma resumes from the ``latest`` slot only. A run killed after it saved its first
+    ``best`` (validation) but before its first ``latest`` used to count as resumable, and the
+    rerun failed ("has no latest checkpoint"); it starts over, and each iteration is logged once."""
+    path = _experiment(tmp_path, seeds=1, iterations=2)
+    run = tmp_path / "root" / "tiny_grid" / "runs" / "plain_gae-s0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.csv").write_text("iteration,success_rate\n0,0.5\n")
+    manifest = run / "checkpoints" / "manifest.json"
+    manifest.write_text(json.dumps({"format": 1, "slots": {"best": {"file": "best-0.pt"}}}))
+    assert run_state(run) == "new"
+    manifest.write_text(json.dumps({"format": 1, "slots": {"latest": {"file": "latest-0.pt"}}}))
+    assert run_state(run) == "partial"
+    manifest.write_text("{not json")
+    assert run_state(run) == "partial"  # the resume names the manifest; nothing is removed
+    manifest.write_text(json.dumps({"format": 1, "slots": {"best": {"file": "best-0.pt"}}}))
+
+    assert main(["experiment", str(path), "--quiet"]) == 0
+    assert run_state(run) == "done"
+    with (run / "metrics.csv").open() as f:
+        assert [int(float(r["iteration"])) for r in csv.DictReader(f)] == [0, 1]
+
+
 def test_runs_play_as_ray_tasks(tmp_path):
     path = _experiment(tmp_path, seeds=1, iterations=1)
     out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "experiment", str(path), "--ray", "--quiet"],

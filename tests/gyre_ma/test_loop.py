@@ -96,7 +96,12 @@ def test_baseline_kinds_run_in_the_same_loop(kind):
     assert ("policy_loss" in history[0]) == (kind == "flat")
 
 
-def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
+def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path, capsys):
+    """``gyre-ma train`` and ``gyre-ma eval`` as real commands; the further evals and plots go
+    through the same ``main`` in this process (each command in a process of its own cost
+    ~10 s of imports on a 2-core machine, most of this test's time)."""
+    from gyre_ma.cli import main
+
     cmd = [sys.executable, "-m", "gyre_ma.cli", "train", str(DOORKEY), "--iterations", "2",
            "--run-root", str(tmp_path), "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -117,31 +122,31 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path):
     assert 0.0 <= result["success_rate"] <= 1.0 and result["episode_length"] > 0
     assert result["success_ci95_low"] <= result["success_rate"] <= result["success_ci95_high"]
     assert "steps to the goal" in out.stdout and "calls_to_goal" in result
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(run_dir / "checkpoints" / "latest.pt"),
-                          "--episodes", "2", "--config", str(DOORKEY)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+
+    def cli(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main(list(argv))
+        return code, capsys.readouterr().err
+
+    code, err = cli("eval", str(run_dir / "checkpoints" / "latest.pt"), "--episodes", "2", "--config", str(DOORKEY))
+    assert code == 0, err
     # the same weights under another version: the same held-out figures (evaluation draws from its stream)
     state = load_checkpoint(ckpt)
     state["version"] += 7
     save_checkpoint(tmp_path / "bumped.pt", state)
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(tmp_path / "bumped.pt"), "--episodes", "3",
-                          "--trust-config", "--json", str(tmp_path / "bumped.json")],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    code, err = cli("eval", str(tmp_path / "bumped.pt"), "--episodes", "3", "--trust-config", "--json",
+                    str(tmp_path / "bumped.json"))
+    assert code == 0, err
     assert json.loads((tmp_path / "bumped.json").read_text()) == result
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(ckpt), "--stream", "-1"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "--stream must be >= 0, got -1" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "plot", str(run_dir)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    code, err = cli("eval", str(ckpt), "--stream", "-1")
+    assert code == 2 and "--stream must be >= 0, got -1" in err
+    code, err = cli("plot", str(run_dir))
+    assert code == 0, err
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "plot", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "no metrics.csv" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(tmp_path / "nope.pt")],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+    code, err = cli("plot", str(tmp_path))
+    assert code == 2 and "no metrics.csv" in err
+    code, err = cli("eval", str(tmp_path / "nope.pt"))
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
 
 
 def test_a_rule_broken_in_a_rollout_worker_stops_the_run_naming_it():

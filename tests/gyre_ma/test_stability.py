@@ -82,16 +82,15 @@ def test_killed_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path):
     assert logged["iteration"].tolist() == list(range(int(iterations)))  # no row lost or repeated
 
 
-def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_path):
+def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_path, capsys):
+    from gyre_ma.cli import main  # in this process: the refusals are the CLI's own, not a subprocess's
+
     config = write_config(tmp_path, "fresh")
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),
-                          "--quiet", "--resume"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "nothing to resume" in out.stderr
-    ok = train(config, tmp_path, "--iterations", "1")
-    assert ok.wait(timeout=300) == 0
-    again = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "train", str(config), "--run-root", str(tmp_path),
-                            "--quiet", "--iterations", "1"], capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "--resume" in again.stderr
+    command = ["train", str(config), "--run-root", str(tmp_path), "--quiet"]
+    assert main([*command, "--resume"]) == 2 and "nothing to resume" in capsys.readouterr().err
+    assert main([*command, "--iterations", "1"]) == 0
+    capsys.readouterr()
+    assert main([*command, "--iterations", "1"]) == 2 and "--resume" in capsys.readouterr().err
 
 
 def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):

@@ -26,6 +26,7 @@ def bench():
     return module
 
 
+@pytest.mark.slow  # 50 iterations of real training (70 s alone on 2 cores); the alarms' own tests are fast
 def test_naive_surface_rule_is_hacked_and_verified_rewards_are_not(bench):
     naive = bench.train("naive", iterations=30, seed=0, alarm_window=8)
     defended = bench.train("defended", iterations=20, seed=0, alarm_window=8)

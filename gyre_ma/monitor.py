@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from lightning.fabric.loggers import TensorBoardLogger
 
 from gyre_ma.files import atomic_write, named
 
@@ -41,6 +40,10 @@ class Monitor:
             self.rows = [row for row in rows if float(row["iteration"]) < resume_at]
             self.columns = names if self.rows else []
         self._rewrite_csv()
+        # imported here: importing Lightning costs seconds, which `gyre-ma plot` and `report`
+        # (readers of metrics.csv, through this module) need not pay
+        from lightning.fabric.loggers import TensorBoardLogger
+
         self.tensorboard = TensorBoardLogger(self.run_dir, name="tensorboard", version="", default_hp_metric=False)
         self.history: list[dict[str, float]] = []
 

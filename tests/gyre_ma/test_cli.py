@@ -100,6 +100,21 @@ def test_help_and_check_import_neither_torch_lightning_nor_ray():
     assert "codes [0, 0, 0] heavy []" in out.stdout, out.stdout[-500:]
 
 
+def test_plot_reads_metrics_without_importing_the_learners_stack(tmp_path):
+    # plot (and report, through the same module) read metrics.csv: no torch, Lightning or Ray
+    (tmp_path / "metrics.csv").write_text("iteration,step,success_rate,env_steps\n0,100,0.5,100\n1,200,0.75,200\n")
+    out = run_python(
+        "import sys\n"
+        "from gyre_ma.cli import main\n"
+        "import gyre_ma.report\n"
+        f"code = main(['plot', {str(tmp_path)!r}])\n"
+        "print('code', code, 'heavy', [m for m in ('torch', 'lightning', 'ray') if m in sys.modules])\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "code 0 heavy []" in out.stdout, out.stdout[-500:]
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_minigrid_example_without_minigrid_names_the_extra():
     out = run_python(
         "import sys\n"

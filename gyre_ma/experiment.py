@@ -333,7 +333,7 @@ def play_run(exp: Experiment, run: RunSpec, progress: Progress | None = None) ->
     if state == "done":
         return
     if state == "new" and run_dir.exists():
-        shutil.rmtree(run_dir)  # killed before its first checkpoint: nothing committed to keep
+        shutil.rmtree(run_dir)  # killed before its first latest checkpoint: nothing to resume from
     if run.sb3 is not None and state == "new":  # its child trains on this config (gyre-ma train writes its own)
         config = load_config(exp.base, run.overrides | {"run_root": str(exp.runs_dir)})
         run_dir.mkdir(parents=True, exist_ok=True)

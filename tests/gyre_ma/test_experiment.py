@@ -136,13 +136,14 @@ def test_a_run_killed_before_its_first_latest_checkpoint_starts_over(tmp_path):
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.csv").write_text("iteration,success_rate\n0,0.5\n")
     manifest = run / "checkpoints" / "manifest.json"
-    manifest.write_text(json.dumps({"format": 1, "slots": {"best": {"file": "best-0.pt"}}}))
+    best_only = json.dumps({"format": 1, "slots": {"best": {"file": "best-0.pt"}}})
+    manifest.write_text(best_only)
     assert run_state(run) == "new"
     manifest.write_text(json.dumps({"format": 1, "slots": {"latest": {"file": "latest-0.pt"}}}))
     assert run_state(run) == "partial"
     manifest.write_text("{not json")
     assert run_state(run) == "partial"  # the resume names the manifest; nothing is removed
-    manifest.write_text(json.dumps({"format": 1, "slots": {"best": {"file": "best-0.pt"}}}))
+    manifest.write_text(best_only)  # the state the kill left
 
     assert main(["experiment", str(path), "--quiet"]) == 0
     assert run_state(run) == "done"

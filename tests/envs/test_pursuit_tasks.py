@@ -1,0 +1,79 @@
+"""PettingZoo's SISL Pursuit as a two-agent gyre env: check_setup passes, the catches are
+side-effect milestones read from the game, a strategy call ends at a catch, and hunting as
+a pair (the oracle) beats chasing apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.checks import check_setup
+from gyre_ma.envs.pursuit_tasks import (
+    IndependentChase,
+    PursuitOracle,
+    _distances,
+    _game,
+    make_pursuit,
+    pursuit_library,
+)
+from gyre_ma.envs.registry import make_oracle
+from gyre_ma.options.option import Termination
+from gyre_ma.rollout import run_episode
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_check_setup_passes_driven_by_the_library() -> None:
+    report = check_setup(make_pursuit, pursuit_library(), n_steps=300)
+    assert {"parallel_api_test", "parallel_seed_test"} <= set(report.pettingzoo_tests)
+    assert report.milestones  # at least one catch in 300 steps of a random order, verified twice
+
+
+def test_the_catches_are_side_effects_the_library_does_not_aim_at() -> None:
+    library = pursuit_library()
+    assert [m.side_effect for m in library.graph.milestones] == [True, True, True]
+    assert all(opt.milestone is None for opt in library)
+    assert library.graph.goals == ("caught_3",)
+
+
+def test_pairs_catch_every_evader_and_split_pursuers_do_worse() -> None:
+    env, library = make_pursuit(), pursuit_library()
+    seeds = range(20)
+    pair = [run_episode(env, library, PursuitOracle(library=library), seed=s) for s in seeds]
+    apart = [run_episode(env, library, IndependentChase(library=library), seed=s) for s in seeds]
+    assert all(t.success for t in pair)
+    assert np.mean([t.length for t in pair]) < 0.6 * np.mean([t.length for t in apart])
+    for t in pair:  # a catch count, verified on the game, in order
+        steps = t.milestone_steps
+        assert 0 < steps["caught_1"] <= steps["caught_2"] <= steps["caught_3"] == t.length
+
+
+def test_a_strategy_call_ends_when_an_evader_is_caught() -> None:
+    env, library = make_pursuit(), pursuit_library()
+    traj = run_episode(env, library, PursuitOracle(library=library), seed=4)
+    ended = [c for c in traj.calls if c.termination is Termination.DONE]
+    assert ended and all(c.milestones for c in ended)  # done exactly where a catch was verified
+    for c in traj.calls:
+        assert c.termination in (Termination.DONE, Termination.MAX_STEPS, Termination.EPISODE)
+        assert c.duration <= library[c.option].max_steps
+
+
+def test_random_order_never_dead_ends_and_the_oracle_builds_from_a_reference() -> None:
+    env, library = make_pursuit(), pursuit_library()
+    for seed in range(3):
+        assert not run_episode(env, library, RandomManager(seed), seed=seed).dead_ends
+    oracle = make_oracle("gyre_ma.envs.pursuit_tasks:make_pursuit", env, library,
+                         source="gyre_ma.envs.pursuit_tasks:PursuitOracle")
+    assert isinstance(oracle, PursuitOracle)
+
+
+def test_paths_go_around_the_building() -> None:
+    env = make_pursuit()
+    env.reset(seed=0)
+    walls = _game(env.unwrapped).map_matrix
+    assert (walls == -1).any()
+    dist = _distances(walls, (0, 4))
+    # straight across the building is 7 cells; the path goes round it
+    assert dist[7, 4] > 7 and dist[7, 4] < walls.size
+    assert dist[0, 4] == 0 and dist[1, 4] == 1

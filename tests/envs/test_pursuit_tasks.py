@@ -11,6 +11,7 @@ from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.checks import check_setup
 from gyre_ma.envs.pursuit_tasks import (
     IndependentChase,
+    MutualFollow,
     PursuitOracle,
     _distances,
     _game,
@@ -43,7 +44,9 @@ def test_pairs_catch_every_evader_and_split_pursuers_do_worse() -> None:
         env, library = make_pursuit(max_cycles=cap), pursuit_library()
         pair = [run_episode(env, library, PursuitOracle(library=library), seed=s) for s in seeds]
         apart = [run_episode(env, library, IndependentChase(library=library), seed=s) for s in seeds]
+        mutual = [run_episode(env, library, MutualFollow(library=library), seed=s) for s in seeds]
         assert np.mean([t.success for t in pair]) >= pair_wins
+        assert np.mean([t.success for t in mutual]) >= pair_wins
         assert np.mean([t.success for t in apart]) <= apart_wins
         assert np.mean([t.length for t in pair]) < np.mean([t.length for t in apart])
         for t in pair:  # a catch count, verified on the game, in order

@@ -1,5 +1,5 @@
 """PettingZoo's own SISL Pursuit as a two-agent gyre environment, with the option library a
-user would write for it and a scripted reference manager.
+user would write for it and scripted reference managers.
 
 ``pettingzoo.sisl.pursuit_v5`` on an 8×8 map with a building in its middle: two pursuers
 must catch three randomly walking evaders, and an evader is caught only when both
@@ -227,7 +227,7 @@ class _ByAgent:
     plan: tuple[str, str] = ("chase_nearest", "chase_nearest")
 
     def __init__(self, *, library: OptionLibrary) -> None:
-        missing = [n for n in self.plan if n not in library.names]
+        missing = [n for n in dict.fromkeys(self.plan) if n not in library.names]
         if missing:
             raise ValueError(f"{type(self).__name__}: library {library.name!r} lacks option(s) {missing}; "
                              f"it has {library.names}")
@@ -238,8 +238,9 @@ class _ByAgent:
         for d in decisions:
             want = self._plan[_index(d.agent) % len(self._plan)]
             if not d.mask[want]:
-                raise ValueError(f"{type(self).__name__}: option {want} is not eligible for {d.agent!r} "
-                                 f"(mask {d.mask.tolist()})")
+                raise ValueError(f"{type(self).__name__}: option {self.plan[_index(d.agent) % len(self.plan)]!r} "
+                                 f"is not eligible for {d.agent!r} (mask {d.mask.tolist()}); its strategies "
+                                 "are always eligible in pursuit_library()")
             out.append(Choice(want))
         return out
 

@@ -19,6 +19,8 @@ from gyre_ma.envs.pursuit_tasks import (
     pursuit_library,
 )
 from gyre_ma.envs.registry import make_oracle
+from gyre_ma.options.decision import Decision
+from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Termination
 from gyre_ma.rollout import run_episode
 
@@ -84,3 +86,20 @@ def test_paths_go_around_the_building() -> None:
     # straight across the building is 7 cells; the path goes round it
     assert dist[7, 4] > 7 and dist[7, 4] < walls.size
     assert dist[0, 4] == 0 and dist[1, 4] == 1
+
+
+def test_a_reference_manager_names_the_strategy_it_cannot_run() -> None:
+    library = pursuit_library()
+    mask = np.ones(len(library), dtype=bool)
+    mask[library.index("chase_nearest")] = False
+    decision = Decision("pursuer_0", 0, None, mask, frozenset(), -1, 0.0, None)
+    with pytest.raises(ValueError, match="'chase_nearest' is not eligible for 'pursuer_0'"):
+        PursuitOracle(library=library).decide([decision])
+    with pytest.raises(ValueError, match=r"lacks option\(s\) \['follow_partner'\]"):
+        MutualFollow(library=_chase_only(library))
+
+
+def _chase_only(library: OptionLibrary) -> OptionLibrary:
+    only = OptionLibrary("chase_only", library.graph)
+    only.add(library[library.index("chase_nearest")])
+    return only

@@ -41,7 +41,7 @@ def nearest_first_wins(seeds: list[int]) -> dict[int, bool]:
     cfg = config(ENV, 0, 1)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
-    nearest = resolve(ENVS[ENV]["nearest"], "nearest")(library=library)
+    nearest = resolve(ENVS[ENV]["references"]["nearest"], "nearest")(library=library)
     return {s: bool(run_episode(env, library, nearest, seed=s).success) for s in seeds}
 
 

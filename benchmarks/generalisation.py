@@ -53,12 +53,12 @@ ENVS: dict[str, dict[str, Any]] = {
     "pursuit": {"env": {"id": "gyre_ma.envs.pursuit_tasks:make_pursuit"},
                 "library": "gyre_ma.envs.pursuit_tasks:pursuit_library",
                 "oracle": "gyre_ma.envs.pursuit_tasks:PursuitOracle",
-                "independent": "gyre_ma.envs.pursuit_tasks:IndependentChase",
-                "follow": "gyre_ma.envs.pursuit_tasks:MutualFollow"},
+                "references": {"independent": "gyre_ma.envs.pursuit_tasks:IndependentChase",
+                               "follow": "gyre_ma.envs.pursuit_tasks:MutualFollow"}},
     "coverage": {"env": {"id": "coverage_v0"}, "library": None,
                  "oracle": "gyre_ma.envs.coverage.oracle:OracleManager",
-                 "fixed": "gyre_ma.envs.coverage.oracle:FixedAssignment",
-                 "nearest": "gyre_ma.envs.coverage.oracle:NearestFirst",
+                 "references": {"fixed": "gyre_ma.envs.coverage.oracle:FixedAssignment",
+                                "nearest": "gyre_ma.envs.coverage.oracle:NearestFirst"},
                  # a budget, not a setting: 50 default iterations of its 9-step episodes are 3.4k
                  # env steps; the issue measured the old learner at up to 99k. 1,200 iterations
                  # are ~80k steps. (Until session 13 the budget was "80k env steps" past the
@@ -97,8 +97,9 @@ def _summary(trajectories: list[Any]) -> dict[str, Any]:
 
 
 def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Oracle, random eligible order (and, where the env has them, a fixed assignment, the
-    nearest-first heuristic, uncoordinated or mutually following pursuers) on ``seeds``."""
+    """Oracle, random eligible order and the env's other ``references`` (managers built
+    from ``library``: coverage's fixed assignment and nearest-first heuristic, Pursuit's
+    uncoordinated and mutually following pursuers) on ``seeds``."""
     from gyre_ma.agents.baselines import RandomManager
     from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.options.library import resolve
@@ -109,9 +110,8 @@ def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = No
     library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
     managers = {"oracle": lambda s: make_oracle(cfg.env.id, env, library, ENVS[name]["oracle"]),
                 "random": lambda s: RandomManager(s)}
-    for key in ("fixed", "nearest", "independent", "follow"):
-        if key in ENVS[name]:
-            managers[key] = lambda s, key=key: resolve(ENVS[name][key], key)(library=library)
+    for key, source in ENVS[name].get("references", {}).items():
+        managers[key] = lambda s, key=key, source=source: resolve(source, key)(library=library)
     return {key: _summary([run_episode(env, library, build(s), seed=s) for s in seeds])
             for key, build in managers.items()}
 

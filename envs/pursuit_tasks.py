@@ -236,12 +236,11 @@ class _ByAgent:
     def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
         out = []
         for d in decisions:
-            want = self._plan[_index(d.agent) % len(self._plan)]
-            if not d.mask[want]:
-                raise ValueError(f"{type(self).__name__}: option {self.plan[_index(d.agent) % len(self.plan)]!r} "
-                                 f"is not eligible for {d.agent!r} (mask {d.mask.tolist()}); its strategies "
-                                 "are always eligible in pursuit_library()")
-            out.append(Choice(want))
+            k = _index(d.agent) % len(self.plan)
+            if not d.mask[self._plan[k]]:
+                raise ValueError(f"{type(self).__name__}: option {self.plan[k]!r} is not eligible for {d.agent!r} "
+                                 f"(mask {d.mask.tolist()}); its strategies are always eligible in pursuit_library()")
+            out.append(Choice(self._plan[k]))
         return out
 
 

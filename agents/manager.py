@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -113,7 +113,12 @@ def _mlp(inputs: int, hidden: int, layers: int) -> nn.Sequential:
 
 
 class ManagerPolicy(nn.Module):
-    """Masked categorical policy: ineligible options get probability exactly zero."""
+    """Masked categorical policy: ineligible options get probability exactly zero.
+
+    Its logits are the head's output times ``inverse_temperature``, a buffer (not trained,
+    not perturbed by parameter noise) that the learner sets each iteration from
+    ``train.temperature_final``'s schedule; it travels with the weights to the rollout
+    workers and into checkpoints, so every copy of a policy version samples alike."""
 
     def __init__(self, features: int, n_options: int, n_agents: int, *, hidden: int = 128,
                  layers: int = 2, agent_embedding: int = 8) -> None:
@@ -123,12 +128,24 @@ class ManagerPolicy(nn.Module):
         self.head = nn.Linear(hidden, n_options)
         nn.init.orthogonal_(self.head.weight, gain=0.01)
         nn.init.zeros_(self.head.bias)
+        self.register_buffer("inverse_temperature", torch.ones(()))
 
     def forward(self, features: torch.Tensor, agent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """features [B, F], agent [B] long, mask [B, K] bool → masked logits [B, K]."""
         x = torch.cat([features, self.agent_embedding(agent)], dim=-1)
-        logits = self.head(self.body(x))
+        logits = self.head(self.body(x)) * self.inverse_temperature
         return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+
+    def set_temperature(self, temperature: float) -> None:
+        """Sample at ``temperature`` (> 0): the logits are divided by it."""
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        self.inverse_temperature.fill_(1.0 / temperature)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        # weights saved before the temperature existed sampled at 1
+        state_dict.setdefault(prefix + "inverse_temperature", torch.ones(()))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def distribution(self, features: torch.Tensor, agent: torch.Tensor,
                      mask: torch.Tensor) -> torch.distributions.Categorical:

@@ -648,6 +648,9 @@ class RowwiseForward:
     def __init__(self, module: ManagerPolicy | Critic) -> None:
         params = dict(module.named_parameters())
         self.embedding = params["agent_embedding.weight"]
+        self.scale: Tensor | None = getattr(module, "inverse_temperature", None)
+        """The policy's inverse temperature (a buffer, updated in place), applied to its
+        output; None for a critic."""
         self.layers: list[tuple[int, str, str, Tensor | None, Tensor | None, float]] = []
         """Per layer: its kind (0 linear, 1 norm, 2 tanh), the names of its weight and bias,
         the module's own weight and bias shaped for the row-wise ops, its eps."""
@@ -674,7 +677,7 @@ class RowwiseForward:
                     h = torch.addcmul(b, F.layer_norm(h, h.shape[-1:], eps=eps), w)
                 else:
                     h = torch.tanh(h)
-            return h.squeeze(1)
+            return h.squeeze(1) if self.scale is None else h.squeeze(1) * self.scale
         h = torch.cat([x, rows["agent_embedding.weight"][torch.arange(n), agent]], dim=-1).unsqueeze(1)
         for kind, wname, bname, _, _, eps in self.layers:
             if kind == 0:
@@ -684,7 +687,7 @@ class RowwiseForward:
                                   rows[wname].unsqueeze(1))
             else:
                 h = torch.tanh(h)
-        return h.squeeze(1)
+        return h.squeeze(1) if self.scale is None else h.squeeze(1) * self.scale
 
 
 class NoisyManager:

@@ -224,6 +224,12 @@ class TrainConfig(_Section):
     nearly every episode succeeds, a constant bonus outweighs what is left of the policy
     gradient, and sampled success sags below greedy. Measured at 0 against None on every env
     (``benchmarks/results/README.md``, session 28)."""
+    temperature_final: float = Field(1.0, gt=0.0, le=1.0)
+    """The manager policy's sampling temperature at the last iteration, reached linearly
+    from 1 at iteration 0 (its logits are divided by it, in the rollouts and in the update
+    alike); 1: no schedule. Exploration at full temperature early, a committed policy at
+    the end: the run's last policy samples its own preferences more sharply (the MLP
+    manager; the LLM manager has none)."""
     average_last: float = Field(0.0, ge=0.0, lt=1.0)
     """Fraction of the run's iterations, its last, over which the manager's weights (after
     each update) are averaged uniformly into the policy the run ends with
@@ -281,6 +287,10 @@ class TrainConfig(_Section):
         if self.entropy_final is None:
             return self.entropy_coef
         return self.entropy_coef + (self.entropy_final - self.entropy_coef) * self.progress(iteration)
+
+    def temperature_at(self, iteration: int) -> float:
+        """The manager policy's sampling temperature at ``iteration``."""
+        return 1.0 + (self.temperature_final - 1.0) * self.progress(iteration)
 
     def lr_factor(self, iteration: int) -> float:
         """The schedule's multiplier of the learning rates at ``iteration``."""
@@ -610,6 +620,10 @@ class ExperimentConfig(_Section):
             raise ValueError(f"`train.self_imitation` is {self.train.self_imitation}, but self-imitation replays the "
                              "MLP manager's decision features; the LLM manager (`manager.kind: llm`) has none: set "
                              "it to 0")
+        if self.train.temperature_final != 1.0:
+            raise ValueError(f"`train.temperature_final` is {self.train.temperature_final}, but the temperature "
+                             "schedule scales the MLP manager's logits; the LLM manager (`manager.kind: llm`) has "
+                             "none: set it to 1")
         return self
 
     @property

@@ -185,6 +185,8 @@ class Gyre:
         start = time.perf_counter()
         self.next_iteration = i
         metrics: dict[str, float] = {"iteration": float(i)}
+        if isinstance(self.policy, ManagerPolicy):  # this iteration's sampling temperature
+            self.policy.set_temperature(self.config.train.temperature_at(i))
         evaluators = self.config.roles.evaluators
         if self.learns and evaluators:                                     # judge the policy first
             metrics |= self.validate(i)
@@ -229,6 +231,8 @@ class Gyre:
         self.average.add(self.policy)
         if i == t.iterations - 1:
             self.average.load_into(self.policy)
+            if isinstance(self.policy, ManagerPolicy):  # the last iteration's, not the tail's mean
+                self.policy.set_temperature(t.temperature_at(i))
             self.version += 1  # another policy: a worker holding the last update's weights reloads
         return {"averaged_updates": float(self.average.count)}
 

@@ -394,3 +394,23 @@ def test_a_greedy_manager_retries_a_failed_job_after_a_call_that_did_its_work():
     assert choose(job, T.BLOCKED) == wait
     assert choose(wait, T.DONE) == job
     assert choose(job, T.FAILURE) == job  # all tried since the last milestone: a new round
+
+
+def test_a_policys_temperature_reaches_every_rows_logits_perturbed_or_not():
+    """The temperature is a buffer the learner sets in place: the batched forward pass (each
+    row its slot's perturbed weights, or the policy's) divides every row's logits by it, as
+    the policy's own forward pass and perturb()'s copies do."""
+    pol, features = policy(), states(8)
+    actor = PolicyActor(pol, _Identity(), slots=2)
+    actor.begin(0, NoiseSetting("param", 0.4), 7)
+    actor.begin(1, NoiseSetting(), 7)
+    with torch.no_grad():
+        cold = actor.logits([0] * 8, *features), actor.logits([1] * 8, *features)
+        pol.set_temperature(0.25)  # after the actor was built: it reads the buffer in place
+        noisy = perturb(pol, sigma=0.4, generator=torch.Generator().manual_seed(7))
+        assert float(noisy.inverse_temperature) == 4.0  # not perturbed: a buffer, copied as it is
+        hot = actor.logits([0] * 8, *features), actor.logits([1] * 8, *features)
+        eligible = features[2]
+        for before, after, own in zip(cold, hot, (noisy(*features), pol(*features)), strict=True):
+            assert torch.allclose(after[eligible], 4.0 * before[eligible], atol=1e-5)
+            assert torch.allclose(after[eligible], own[eligible], atol=1e-5)

@@ -1,11 +1,12 @@
 """A shipped config, trained on several run seeds, judged on held-out task seeds only.
 
 For each run seed: train the config as ``gyre-ma train`` would (its own settings, nothing
-changed but the seed), then play ``--eval-episodes`` task seeds from ``--eval-seed`` (a
-range no training or validation episode draws from, see ``gyre_ma.roles``) with the final
-policy and with ``best.pt``, sampled and greedy, each with a 95 % Wilson interval. The
-last training iterations' success (on their own training seeds) is printed beside them,
-with the held-out validation the learner saw during training.
+changed but the seed and a candidate default given with ``--set``), then play
+``--eval-episodes`` task seeds from ``--eval-seed`` (a range no training or validation
+episode draws from, see ``gyre_ma.roles``) with the final policy and with ``best.pt``,
+sampled and greedy, each with a 95 % Wilson interval. The last training iterations'
+success (on their own training seeds) is printed beside them, with the held-out
+validation the learner saw during training.
 
     python benchmarks/heldout.py --config configs/quickstart.yaml --seeds 3 --jobs 2 \
         > benchmarks/results/quickstart_heldout.json
@@ -26,6 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from generalisation import candidate_argument, parsed_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,14 +46,15 @@ def _judge(gyre: Any, seeds: list[int]) -> dict[str, Any]:
 
 
 def run(config_path: str, seed: int, eval_seeds: list[int], curve_every: int = 0,
-        curve_seeds: list[int] | None = None) -> dict[str, Any]:
+        curve_seeds: list[int] | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
     from gyre_ma.config import load_config
     from gyre_ma.loop import Gyre
 
     torch.set_num_threads(1)
-    cfg = load_config(config_path, {"seed": seed, "run_root": tempfile.mkdtemp(prefix="gyre-heldout-")})
+    cfg = load_config(config_path, {**(overrides or {}), "seed": seed,
+                                    "run_root": tempfile.mkdtemp(prefix="gyre-heldout-")})
     gyre = Gyre(cfg, cfg.run_dir)
     history, curve, seconds = [], [], 0.0
     if curve_every:  # where it starts: the untrained policy
@@ -94,14 +98,17 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--curve-every", type=int, default=0, help="judge every K iterations (0: only at the end)")
     p.add_argument("--curve-episodes", type=int, default=50)
+    candidate_argument(p)
     args = p.parse_args()
+    overrides = parsed_overrides(args)
     eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
     curve_seeds = list(range(args.eval_seed + 500_000, args.eval_seed + 500_000 + args.curve_episodes))
     n = args.seeds
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(run, [args.config] * n, range(n), [eval_seeds] * n, [args.curve_every] * n,
-                             [curve_seeds] * n))
+                             [curve_seeds] * n, [overrides] * n))
     out = {"benchmark": "heldout", "config": os.path.relpath(args.config, ROOT),
+           **({"overrides": overrides} if overrides else {}),
            "eval_seeds": [eval_seeds[0], eval_seeds[-1]], "runs": runs}
     if args.curve_every:
         out["curve_seeds"] = [curve_seeds[0], curve_seeds[-1]]

@@ -59,6 +59,8 @@ class Gyre:
                                     n_options=len(self.library), option_names=self.library.names,
                                     fitter=self.learner.fitter, seed=config.seed)
         self.version = self.env_steps = self.next_iteration = 0
+        self._tempered: tuple[int, float] | None = None
+        """(policy version, temperature) as the temperature was last set (:meth:`_temper`)."""
         self.buffer = TrajectoryBuffer.from_config(
             config.buffer, store_dir=self.run_dir / "buffer" / "store" if self.run_dir else None,
             seed=config.seed) if config.buffer.enabled else None
@@ -172,6 +174,7 @@ class Gyre:
             self.load_state_dict(decision.state)
             # counters move on: new rollouts must not reuse the purged batch's versions
             self.version, self.env_steps, self.next_iteration = version + 1, steps, iteration
+            self._temper(iteration)  # the restored weights were saved at an earlier temperature
             self.learner.set_lr_scale(decision.lr_scale)
             if decision.purge_latest_batch and self.buffer is not None:
                 self.buffer.purge(min_version=version)
@@ -185,8 +188,7 @@ class Gyre:
         start = time.perf_counter()
         self.next_iteration = i
         metrics: dict[str, float] = {"iteration": float(i)}
-        if isinstance(self.policy, ManagerPolicy):  # this iteration's sampling temperature
-            self.policy.set_temperature(self.config.train.temperature_at(i))
+        self._temper(i)
         evaluators = self.config.roles.evaluators
         if self.learns and evaluators:                                     # judge the policy first
             metrics |= self.validate(i)
@@ -231,10 +233,21 @@ class Gyre:
         self.average.add(self.policy)
         if i == t.iterations - 1:
             self.average.load_into(self.policy)
-            if isinstance(self.policy, ManagerPolicy):  # the last iteration's, not the tail's mean
-                self.policy.set_temperature(t.temperature_at(i))
+            self._temper(i)  # the last iteration's temperature, not the tail's mean of them
             self.version += 1  # another policy: a worker holding the last update's weights reloads
         return {"averaged_updates": float(self.average.count)}
+
+    def _temper(self, i: int) -> None:
+        """Set the manager's sampling temperature for iteration ``i`` (``train.temperature_final``).
+        Workers load a policy version's weights once; should the temperature change while the
+        version stays (an update skipped), the version moves on so they load it again."""
+        if not isinstance(self.policy, ManagerPolicy):
+            return
+        temperature = self.config.train.temperature_at(i)
+        if self._tempered is not None and self._tempered[0] == self.version and self._tempered[1] != temperature:
+            self.version += 1
+        self.policy.set_temperature(temperature)  # whatever the weights just loaded held
+        self._tempered = (self.version, temperature)
 
     def _backend_counts(self) -> dict[str, float]:
         """The backend's fault counters (restarts, timeouts, re-issued and requeued

@@ -3,14 +3,17 @@ scales, the weights it travels with, and the policy a run samples at each iterat
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 import torch
 
 from gyre_ma.agents.manager import ManagerPolicy
+from gyre_ma.checkpoints import ValidationDecision
 from gyre_ma.config import TrainConfig, load_config
 from gyre_ma.loop import Gyre
+from gyre_ma.roles import evaluation_tasks
 
 ROOT = Path(__file__).resolve().parents[3]
 DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
@@ -71,3 +74,30 @@ def test_each_iteration_samples_at_its_temperature_and_the_run_ends_at_the_final
 def test_the_llm_manager_has_no_temperature_schedule():
     with pytest.raises(ValueError, match="temperature_final"):
         load_config(ROOT / "configs" / "llm_quickstart.yaml", {"train.temperature_final": 0.5})
+
+
+def test_a_temperature_change_without_an_update_or_after_a_rollback_reaches_the_workers(tmp_path):
+    """Workers load a version's weights once: when the temperature changes but no update
+    moved the version on (an update skipped), the version moves on by itself; weights
+    restored by a rollback, saved at an earlier temperature, get this iteration's."""
+    gyre = Gyre(load_config(DOORKEY, {"train.iterations": 3, "train.temperature_final": 0.5}), tmp_path / "run")
+    gyre._temper(0)
+    early, version = copy.deepcopy(gyre.state_dict()), gyre.version
+    gyre._temper(0)  # the same temperature: nothing to reload
+    assert gyre.version == version
+    gyre._temper(1)  # no update since: the workers would keep the old temperature
+    assert gyre.version == version + 1 and float(gyre.policy.inverse_temperature) == pytest.approx(1 / 0.75)
+    gyre.next_iteration = 2
+    gyre._restore(ValidationDecision("rollback", 0.0, 1.0, 0.5, state=early))
+    assert float(early["policy"]["inverse_temperature"]) == 1.0
+    assert float(gyre.policy.inverse_temperature) == pytest.approx(2.0)
+    worker = gyre.backend.worker.kit
+    gyre.backend.collect(gyre.weights(), gyre.version, evaluation_tasks([5], greedy=False))
+    assert float(worker.policy.inverse_temperature) == pytest.approx(2.0)
+
+
+def test_the_default_temperature_leaves_versions_as_they_were():
+    gyre = Gyre(load_config(DOORKEY, {"train.iterations": 3}))
+    for i in range(3):
+        gyre._temper(i)
+    assert gyre.version == 0 and float(gyre.policy.inverse_temperature) == 1.0

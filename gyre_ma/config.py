@@ -231,7 +231,8 @@ class TrainConfig(_Section):
     0.5, Pursuit's 50-iteration runs end with sharper sampled policies (held-out sampled
     success 0.931 against 0.912, every run >= 0.9), but coverage's 1,200-iteration runs
     commit early and learn worse assignments (sampled 0.815 against 0.878, greedy 0.863
-    against 0.903; ``benchmarks/results/README.md``, session 34)."""
+    against 0.903), and one LockedRoom run's sampled paths grow longer than a random
+    order's (``benchmarks/results/README.md``, session 34)."""
     average_last: float = Field(0.0, ge=0.0, lt=1.0)
     """Fraction of the run's iterations, its last, over which the manager's weights (after
     each update) are averaged uniformly into the policy the run ends with

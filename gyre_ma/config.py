@@ -285,15 +285,20 @@ class TrainConfig(_Section):
         where it averages nothing)."""
         return self.iterations - int(self.average_last * self.iterations)
 
+    def linear(self, start: float, end: float, iteration: int) -> float:
+        """A schedule's value at ``iteration``, going linearly from ``start`` at the first
+        iteration to ``end`` at the last (held there after it)."""
+        return start + (end - start) * self.progress(iteration)
+
     def entropy_at(self, iteration: int) -> float:
         """The entropy bonus weight at ``iteration``."""
         if self.entropy_final is None:
             return self.entropy_coef
-        return self.entropy_coef + (self.entropy_final - self.entropy_coef) * self.progress(iteration)
+        return self.linear(self.entropy_coef, self.entropy_final, iteration)
 
     def temperature_at(self, iteration: int) -> float:
         """The manager policy's sampling temperature at ``iteration``."""
-        return 1.0 + (self.temperature_final - 1.0) * self.progress(iteration)
+        return self.linear(1.0, self.temperature_final, iteration)
 
     def lr_factor(self, iteration: int) -> float:
         """The schedule's multiplier of the learning rates at ``iteration``."""
@@ -301,7 +306,7 @@ class TrainConfig(_Section):
             return 1.0
         if self.lr_schedule == "inverse_sqrt":
             return (1.0 + max(iteration, 0) / self.lr_timescale) ** -0.5
-        return 1.0 - (1.0 - self.lr_final) * self.progress(iteration)
+        return self.linear(1.0, self.lr_final, iteration)
 
 
 class BufferConfig(_Section):

@@ -114,9 +114,11 @@ def invalid_configs(draw):
     is_int = numeric[name].annotation is not float
     value = draw(bad_values["int" if is_int else "float"])
     if not is_int and isinstance(value, float):
-        # floats outside (0, 1] only break fields bounded above by 1 or below by 0
-        meta = str(numeric[name].metadata)
-        if value > 0 and "le=1" not in meta and "lt=1" not in meta:
+        # a positive float breaks a field only above its upper bound; a negative one, every float field
+        above = [m for m in numeric[name].metadata
+                 if (getattr(m, "le", None) is not None and value > m.le)
+                 or (getattr(m, "lt", None) is not None and value >= m.lt)]
+        if value > 0 and not above:
             value = -abs(value) - 1
     return {section: {name: value}}, f"'{section}.{name}'"
 

@@ -11,9 +11,7 @@ Per env (techtree_v0 and workflow_v0 by default, the learned manager with parame
   change an episode (a row's forward pass does not depend on its batch-mates), so every
   ``n`` plays the same episodes;
 * ``ray`` — the Ray backend, ``--workers`` actors with the default ``num_envs``, after an
-  untimed warm-up that starts them and ships the weights; ``ray_static``: the same actors
-  with ``backend.share_work`` off (each call played whole where it was sent), the
-  comparison for the idle actors' takeover of a busy one's unstarted episodes;
+  untimed warm-up that starts them and ships the weights;
 * ``flat_<n>`` — flat PPO's rollout (one decision per agent per primitive step, techtree)
   on the local backend at ``num_envs`` 16 and 64 (``--flat-num-envs``), ``--flat-episodes``
   per round (enough to keep every slot busy), against ``flat_raw``: its own actions
@@ -142,27 +140,24 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
     paths = ["raw_same_actions", *(f"local_{n}" for n in args.num_envs)]
     ray_backend = None
     if args.workers:
-        ray_backend = make_backend("ray", config(env_id, "learned", args.ray_num_envs, kwargs), workers=args.workers,
+        ray_backend = make_backend("ray", config(env_id, "learned", DEFAULT_NUM_ENVS, kwargs), workers=args.workers,
                                    cpus_per_worker=1.0)
-        ray_backend.collect(weights, 0, tasks(2 * args.workers * args.ray_num_envs, 20_000, noise))
+        ray_backend.collect(weights, 0, tasks(2 * args.workers * DEFAULT_NUM_ENVS, 20_000, noise))
         rss |= {f"ray_actor_{a['worker_id']}": rss_mib(a["pid"]) for a in ray_backend.actor_info()}
-        paths += ["ray", "ray_static"]
+        paths.append("ray")
     per_round: dict[str, list[tuple[int, float, int]]] = {p: [] for p in paths}
     for r in range(args.rounds):
         seed = 1000 * r
         for name in paths[r % len(paths):] + paths[: r % len(paths)]:
             if name == "raw_same_actions":
                 per_round[name].append((*replay(replay_env, recorded[r]), 0))
-            elif name.startswith("ray"):
-                ray_backend.share_work = name == "ray"
+            elif name == "ray":
                 per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise),
-                                               f"{env_id}/{name}"))
+                                               f"{env_id}/ray"))
             else:
                 per_round[name].append(collect(locals_[int(name.split("_")[1])], weights,
                                                tasks(args.episodes, seed, noise), f"{env_id}/{name}"))
-    taken_over = 0.0
     if ray_backend is not None:
-        taken_over = ray_backend.stats()["backend/stolen"]
         ray_backend.close()
     for backend in locals_.values():
         backend.close()
@@ -186,12 +181,9 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
         "mean_episode_steps": round(sum(s for s, *_ in per_round[paths[1]]) / (args.rounds * args.episodes), 1),
     }
     if "ray" in per_round:
-        default = f"local_{args.ray_num_envs}" if args.ray_num_envs in args.num_envs else best
+        default = f"local_{DEFAULT_NUM_ENVS}" if DEFAULT_NUM_ENVS in args.num_envs else best
         out["ray_over_local"] = round(_ratio(per_round, "ray", default), 3)
-        out["ray_static_over_local"] = round(_ratio(per_round, "ray_static", default), 3)
-        out["ray_over_ray_static"] = round(_ratio(per_round, "ray", "ray_static"), 3)
         out["ray_over_local_reference"] = default
-        out["ray_episodes_taken_over"] = int(taken_over)  # by idle actors, over every "ray" round
         # the driver's CPU while Ray's actors play (receiving their trajectories): a share of a
         # small machine the actors do not get
         out["ray_driver_cpu_share"] = round(DRIVER_CPU_SECONDS[f"{env_id}/ray"]
@@ -250,8 +242,6 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64, help="episodes per round and path")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2, help="Ray actors (0: no Ray path)")
-    parser.add_argument("--ray-num-envs", type=int, default=DEFAULT_NUM_ENVS,
-                        help="rollout.num_envs of the Ray actors (compared with local at the same num_envs)")
     parser.add_argument("--no-flat", action="store_true", help="skip flat PPO")
     parser.add_argument("--flat-num-envs", default="16,64", help="rollout.num_envs values for flat PPO")
     parser.add_argument("--flat-episodes", type=int, default=128,

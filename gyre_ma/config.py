@@ -485,10 +485,6 @@ class BackendConfig(_Section):
     batch is split evenly over the actors taking it): larger chunks spread the driver's
     per-call cost over more episodes, and the actor keeps up to ``rollout.num_envs`` of a
     call's episodes in flight at once, refilling its slots while the call lasts."""
-    share_work: bool = True
-    """An idle Ray actor takes over the unstarted episodes of a busy actor's call, so that
-    an actor whose call drew the long episodes does not play them alone while the others
-    wait for the round to end (False: each call is played whole where it was sent)."""
     ray_init: dict[str, Any] = Field(default_factory=dict)
     """``ray.init`` keyword arguments (``address``, ``num_cpus``), used only with Ray."""
     async_rollouts: bool = False
@@ -505,7 +501,7 @@ class BackendConfig(_Section):
                 "sample_timeout_s": self.sample_timeout_s, "startup_timeout_s": self.startup_timeout_s,
                 "cpus_per_worker": self.cpus_per_worker,
                 "init": self.ray_init, "pipeline_depth": self.pipeline_depth,
-                "episodes_per_call": self.episodes_per_call, "share_work": self.share_work}
+                "episodes_per_call": self.episodes_per_call}
 
 
 Precision = Literal["32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"]

@@ -75,14 +75,11 @@ class _InFlight:
 
 def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, roles: dict[str, Role],
               worker: int = -1, stop: Callable[[], bool] | None = None,
-              claim: Callable[[int], bool] | None = None,
               faults: Literal["raise", "collect"] = "raise") -> list[RoleTrajectory | EpisodeFault | None]:
     """Play ``tasks`` with ``kit``'s weights for ``version``, up to ``kit.num_envs`` at
     once; one result per task, in task order: its trajectory, its fault (``faults=
     "collect"``), or None for a task never started because ``stop()`` said so (it is
-    asked before each new episode; episodes in flight always finish) or because
-    ``claim(index)`` refused it (asked before starting task ``index``: False means another
-    worker took it, see :meth:`gyre_ma.backends.ray.RolloutActor.release`)."""
+    asked before each new episode; episodes in flight always finish)."""
     results: list[Any] = [None] * len(tasks)
     queue = deque(enumerate(tasks))
     slots: list[_InFlight | None] = [None] * min(kit.num_envs, len(tasks))
@@ -113,8 +110,6 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
         again while episodes end before any decision."""
         while slots[slot] is None and queue and not (stop is not None and stop()):
             index, task = queue.popleft()
-            if claim is not None and not claim(index):
-                continue
             role = roles[task.role]
             played = role.prepare(task)
             slots[slot] = flight = _InFlight(index, played, role, kit.episode(slot, played, version, deciders),

@@ -8,8 +8,6 @@ forever (``hang``). Tokens made by :func:`arm_faults` for worker ``w`` fire only
 process whose ``GYRE_MA_WORKER_ID`` is ``w`` (set by Ray rollout actors); tokens for a
 task seed fire only in an episode reset with that seed.
 With no token left the wrapper is transparent: same observations, milestones, rewards.
-Episodes reset with one of ``slow_seeds`` sleep ``slow_step_s`` per step (long episodes,
-for tests of how work is shared among workers).
 
 Lives in the package (not under tests/) so that Ray workers can import it.
 """
@@ -57,10 +55,8 @@ def tokens_left(fault_dir: str | Path) -> int:
 class FaultyEnv:
     """Delegates everything to the wrapped env; ``step`` may fire a fault."""
 
-    def __init__(self, env: Any, *, fault_dir: str, at_step: int, slow_seeds: tuple[int, ...] = (),
-                 slow_step_s: float = 0.0) -> None:
+    def __init__(self, env: Any, *, fault_dir: str, at_step: int) -> None:
         self.env, self.fault_dir, self.at_step = env, Path(fault_dir), at_step
-        self.slow_seeds, self.slow_step_s = frozenset(slow_seeds), slow_step_s
         self._steps, self._seed = 0, None
 
     def __getattr__(self, name: str) -> Any:
@@ -79,8 +75,6 @@ class FaultyEnv:
             os._exit(17)
         while mode == "hang":
             time.sleep(60)
-        if self._seed in self.slow_seeds:
-            time.sleep(self.slow_step_s)
         return self.env.step(actions)
 
     def _worker(self) -> str:
@@ -103,13 +97,10 @@ class FaultyEnv:
         return None
 
 
-def faulty_env(*, base: str = "workflow_v0", fault_dir: str, at_step: int = 5, slow_seeds: tuple[int, ...] = (),
-               slow_step_s: float = 0.0, **kwargs: Any) -> FaultyEnv:
+def faulty_env(*, base: str = "workflow_v0", fault_dir: str, at_step: int = 5, **kwargs: Any) -> FaultyEnv:
     """``env.id: gyre_ma.backends.faults:faulty_env`` with ``env.kwargs`` {base, fault_dir,
-    at_step, slow_seeds, slow_step_s, ...the base env's own kwargs}; set ``library`` to the
-    base env's library."""
-    return FaultyEnv(make_env(base, **kwargs), fault_dir=fault_dir, at_step=at_step, slow_seeds=tuple(slow_seeds),
-                     slow_step_s=slow_step_s)
+    at_step, ...the base env's own kwargs}; set ``library`` to the base env's library."""
+    return FaultyEnv(make_env(base, **kwargs), fault_dir=fault_dir, at_step=at_step)
 
 
 class Stuck:

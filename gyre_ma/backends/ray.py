@@ -7,12 +7,6 @@
   ``pipeline_depth`` calls are queued on it, so the next starts the moment one ends
   instead of after a round trip to the driver. Chunks divide the driver's per-call cost
   (submission, ``ray.wait``, result bookkeeping) over their episodes.
-* When nothing is queued and an actor is idle while another still plays a call with
-  unstarted episodes, the busy actor hands the idle ones their share of them
-  (:meth:`RolloutActor.release`, which runs beside the playing call in its own
-  concurrency group; ``share_work``): a call that drew long episodes is not played alone
-  while the other actors wait for the round to end. Only unstarted episodes move; the
-  first of a call never does (it names the call).
 * An actor plays a chunk on its batched engine, ``rollout.num_envs`` episodes in flight.
   When an episode raises inside the actor (an env or option fault), the others play on;
   the actor returns the chunk's finished episodes and the faults; the actor is restarted
@@ -35,7 +29,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 import uuid
 from collections import deque
@@ -54,46 +47,13 @@ from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask
 
 _IN_ORDER_WAIT_S = 5.0
 """How long a ready call waits for its actor's earlier calls to report (see ``_in_actor_order``)."""
-_RELEASE_WAIT_S = 2.0
-"""How long the driver waits for a busy actor to answer a :meth:`RolloutActor.release`."""
 
 WORKER_ID_ENV = "GYRE_MA_WORKER_ID"
 """Set in each actor's process to its worker index (fault injection and logs read it)."""
 
 
-class _Playing:
-    """The call an actor is playing, as its engine takes its tasks (for :meth:`RolloutActor.release`).
-    The engine starts tasks in index order; a release hands over the last unstarted ones."""
-
-    def __init__(self, token: int, n: int, num_envs: int) -> None:
-        self.token, self.n, self.num_envs = token, n, num_envs
-        self.next = 0
-        """Tasks below this index have been offered to the engine."""
-        self.released: set[int] = set()
-
-    def claim(self, index: int) -> bool:
-        """The engine's ``claim``: False for a task handed over to another actor."""
-        if index in self.released:
-            return False
-        self.next = index + 1
-        return True
-
-    def release(self, takers: int) -> list[int]:
-        """Hand over the last unstarted tasks: the takers' share of the work left, counting
-        each episode in flight as half an episode (on average half played). The first task
-        is never handed over (its order names the call: the ``token``)."""
-        unstarted = [i for i in range(max(self.next, 1), self.n) if i not in self.released]
-        in_flight = min(self.num_envs, self.next)
-        share = -(-(2 * len(unstarted) + in_flight) * takers // (2 * (takers + 1)))
-        give = unstarted[len(unstarted) - min(share, len(unstarted)):]
-        self.released.update(give)
-        return give
-
-
 class RolloutActor:
-    """A :class:`RolloutWorker` in its own process. :meth:`run` plays one call at a time;
-    :meth:`release` runs beside it (its own concurrency group) to hand over the playing
-    call's unstarted episodes to an idle actor."""
+    """A :class:`RolloutWorker` in its own process."""
 
     def __init__(self, config: Any, worker_id: int, roles: Mapping[str, Role] | None) -> None:
         os.environ[WORKER_ID_ENV] = str(worker_id)
@@ -101,52 +61,25 @@ class RolloutActor:
         self.incarnation = uuid.uuid4().hex
         """New on every (re)start: tells a restarted actor from the one that was killed."""
         self.worker = RolloutWorker(config, worker_id=worker_id, roles=roles)
-        self._lock = threading.Lock()
-        self._playing: _Playing | None = None
 
-    def run(self, box: list[Any], version: int, tasks: list[RolloutTask], token: int = -1,
-            ) -> tuple[list[tuple[int, RoleTrajectory]], list[tuple[int, str, bool]]]:
+    def run(self, box: list[Any], version: int,
+            tasks: list[RolloutTask]) -> tuple[list[tuple[int, RoleTrajectory]], list[tuple[int, str, bool]]]:
         """Play ``tasks`` on the batched engine: the trajectories that finished and the
         faults of those that raised, each with its index in ``tasks`` (a fault costs only
         its own episode; the others play on) and, for a fault, whether the user's code
         raised it (:class:`UserCodeError`: its one line names the callable and file:line).
-        Tasks handed over by :meth:`release` are in neither list.
-        ``box`` holds the weights' ObjectRef (boxed so Ray does not fetch it per call);
-        ``token`` names the call for :meth:`release`."""
+        ``box`` holds the weights' ObjectRef (boxed so Ray does not fetch it per call)."""
         ref = box[0]
         weights = None if ref is None or version == self.worker.kit.version else ray.get(ref)
-        playing = _Playing(token, len(tasks), self.worker.kit.num_envs)
-
-        def claim(index: int) -> bool:
-            with self._lock:
-                return playing.claim(index)
-
-        with self._lock:
-            self._playing = playing
-        try:
-            results = self.worker.run_many(tasks, weights, version, claim=claim, faults="collect")
-        finally:
-            with self._lock:
-                self._playing = None
         done, faults = [], []
-        for i, result in enumerate(results):
+        for i, result in enumerate(self.worker.run_many(tasks, weights, version, faults="collect")):
             if isinstance(result, EpisodeFault):
                 user = isinstance(result.error, UserCodeError)
                 text = str(result.error) if user else f"{type(result.error).__name__}: {_last_line(result.error)}"
                 faults.append((i, text, user))
-            elif result is not None:
+            else:
                 done.append((i, result))
         return done, faults
-
-    @ray.method(concurrency_group="control")
-    def release(self, token: int, takers: int) -> list[int] | None:
-        """The indices of the unstarted tasks of call ``token`` that this actor will not
-        play, the share of ``takers`` idle actors; None if it is not playing that call
-        (not started yet, or over)."""
-        with self._lock:
-            if self._playing is None or self._playing.token != token:
-                return None
-            return self._playing.release(takers)
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "worker_id": self.worker.worker_id, "incarnation": self.incarnation}
@@ -195,12 +128,11 @@ class RayBackend:
                  max_attempts: int = 3, sample_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  cpus_per_worker: float = 1.0, roles: Mapping[str, Role] | None = None,
                  init: Mapping[str, Any] | None = None, pipeline_depth: int = 2,
-                 episodes_per_call: int = 32, share_work: bool = True) -> None:
+                 episodes_per_call: int = 32) -> None:
         """``workers``: a number of actors that play any role, or actors per role
         (``{"explorer": 1, "executor": 2}``). ``init``: keyword arguments for ``ray.init``.
         ``pipeline_depth``: calls queued on one actor at a time (1: none waits).
-        ``episodes_per_call``: the most episodes one call plays (a chunk).
-        ``share_work``: idle actors take over a busy actor's unstarted episodes."""
+        ``episodes_per_call``: the most episodes one call plays (a chunk)."""
         counts = {None: workers} if isinstance(workers, int) else dict(workers)
         unknown = [r for r in counts if r is not None and r not in ROLES]
         if unknown:
@@ -213,7 +145,7 @@ class RayBackend:
                              f"startup_timeout_s >= 0, pipeline_depth >= 1 and episodes_per_call >= 1; got "
                              f"{max_restarts}, {max_attempts}, {sample_timeout_s}, {startup_timeout_s}, "
                              f"{pipeline_depth}, {episodes_per_call}")
-        self.pipeline_depth, self.episodes_per_call, self.share_work = pipeline_depth, episodes_per_call, share_work
+        self.pipeline_depth, self.episodes_per_call = pipeline_depth, episodes_per_call
         self.config, self.roles = config, roles
         self.max_restarts, self.max_attempts = max_restarts, max_attempts
         self.sample_timeout_s, self.startup_timeout_s = sample_timeout_s, startup_timeout_s
@@ -221,7 +153,7 @@ class RayBackend:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(**({"include_dashboard": False} | dict(init or {})))
-        self._actor_class = ray.remote(concurrency_groups={"control": 1})(RolloutActor)
+        self._actor_class = ray.remote(RolloutActor)
         self._slots: list[_Slot] = []
         for role, n in counts.items():
             for _ in range(n):
@@ -230,15 +162,12 @@ class RayBackend:
                 self._await_start(slot)
                 self._slots.append(slot)
         self._queue: deque[_Job] = deque()
-        self._inflight: dict[Any, tuple[list[_Job | None], _Slot]] = {}
-        """Per call: its jobs by index in the call (None: handed over to another actor) and its actor."""
-        self._drained: set[Any] = set()
-        """Calls asked for work that had none left to hand over (not asked again)."""
+        self._inflight: dict[Any, tuple[list[_Job], _Slot]] = {}
         self._weights: dict[int, Any] = {}
         self._order = 0
         self._stash: list[RoleTrajectory] = []
         self._counts = dict.fromkeys(("episodes", "env_steps", "restarts", "timeouts", "reissued", "requeued",
-                                      "replaced", "stolen"), 0)
+                                      "replaced"), 0)
 
     # ---------------------------------------------------------------- public
     def collect(self, weights: Weights | None, version: int, tasks: Sequence[TaskLike]) -> list[RoleTrajectory]:
@@ -345,14 +274,13 @@ class RayBackend:
                 continue
             slot = min(fits, key=lambda s: (len(s.queued), s.role is None, s.index))
             jobs = [job] + self._chunk_after(job, slot)
-            ref = slot.actor.run.remote([self._weights[job.version]], job.version, [j.task for j in jobs], job.order)
+            ref = slot.actor.run.remote([self._weights[job.version]], job.version, [j.task for j in jobs])
             if not slot.queued:
                 slot.head_since = time.monotonic()
             slot.queued.append(ref)
             self._inflight[ref] = (jobs, slot)
         self._queue.extendleft(reversed(waiting))
-        live = {job.version for job in self._queue} | {j.version for jobs, _ in self._inflight.values()
-                                                        for j in jobs if j is not None}
+        live = {job.version for job in self._queue} | {j.version for jobs, _ in self._inflight.values() for j in jobs}
         latest = max(self._weights, default=None)
         self._weights = {v: r for v, r in self._weights.items() if v in live or v == latest}
 
@@ -379,49 +307,10 @@ class RayBackend:
             more.append(self._queue.popleft())
         return more
 
-    def _steal(self) -> None:
-        """With nothing queued and an actor idle, take over the unstarted episodes of a busy
-        actor's playing call (:meth:`RolloutActor.release`): a call's episodes vary in
-        length, and an actor whose call drew the long ones would otherwise play them alone
-        while the others wait for the round to end. The released episodes come back to the
-        queue and go out as a call to the idle actors."""
-        if self._queue or not self.share_work:
-            return
-        self._drained &= self._inflight.keys()
-        idle = [s for s in self._slots if s.starting is None and not s.queued]
-        if not idle:
-            return
-        for slot in self._slots:
-            if slot.starting is not None or not slot.queued or slot.queued[0] in self._drained:
-                continue
-            ref = slot.queued[0]
-            jobs, _ = self._inflight[ref]
-            roles = {j.task.role for j in jobs if j is not None}
-            takers = [s for s in idle if s.role is None or roles <= {s.role}]
-            if not takers or len(jobs) < 2:
-                continue
-            try:
-                given = ray.get(slot.actor.release.remote(jobs[0].order, len(takers)), timeout=_RELEASE_WAIT_S)
-            except (ray.exceptions.RayError, TimeoutError):  # dying or slow: its call reports as usual
-                given = []
-            if given is None:  # the call has not started (or just ended): ask again later
-                continue
-            if not given:
-                self._drained.add(ref)
-                continue
-            stolen = [jobs[i] for i in given]
-            for i in given:
-                jobs[i] = None
-            self._counts["stolen"] += len(stolen)
-            self._queue.extend(sorted(stolen, key=lambda j: j.order))
-            return
-
     def _poll(self, timeout: float | None) -> list[tuple[int, RoleTrajectory]]:
         end = None if timeout is None else time.monotonic() + timeout
         out: list[tuple[int, RoleTrajectory]] = []
         while True:
-            self._dispatch()
-            self._steal()
             self._dispatch()
             starting = {s.starting: s for s in self._slots if s.starting is not None}
             if not self._inflight and not (self._queue and starting):
@@ -482,17 +371,12 @@ class RayBackend:
         except ray.exceptions.RayError as exc:
             # the process died (Ray restarts it within max_restarts), or the call itself failed
             self._fault(slot, kill=not isinstance(exc, ray.exceptions.RayActorError))
-            self._reissue_unknown([j for j in jobs if j is not None], f"{type(exc).__name__}: {_last_line(exc)}")
+            self._reissue_unknown(jobs, f"{type(exc).__name__}: {_last_line(exc)}")
             return
         for i, traj in done:
             self._counts["episodes"] += 1
             self._counts["env_steps"] += traj.length
             out.append((jobs[i].order, traj))
-        reported = {i for i, _ in done} | {i for i, *_ in faults}
-        unplayed = [j for i, j in enumerate(jobs) if j is not None and i not in reported]
-        if unplayed:  # released by the actor, but its answer did not reach the driver in time
-            self._counts["requeued"] += len(unplayed)
-            self._queue.extendleft(reversed(unplayed))
         if faults:  # episodes raised inside the actor; the others of the chunk played on
             self._fault(slot, kill=True)
             for i, error, user in reversed(faults):
@@ -538,13 +422,12 @@ class RayBackend:
                 self._requeue_behind(slot)
                 self._counts["timeouts"] += 1
                 self._replace(slot)
-                self._reissue_unknown([j for j in jobs if j is not None],
-                                      f"no result within the sample timeout of {self.sample_timeout_s:g} s")
+                self._reissue_unknown(jobs, f"no result within the sample timeout of {self.sample_timeout_s:g} s")
 
     def _requeue_behind(self, slot: _Slot) -> None:
         """The episodes still queued on an actor that is going away go back to the queue
         unchanged (no attempt spent): they did not fault, and are never returned in part."""
-        jobs = [job for ref in slot.queued for job in self._inflight.pop(ref)[0] if job is not None]
+        jobs = [job for ref in slot.queued for job in self._inflight.pop(ref)[0]]
         slot.queued.clear()
         self._counts["requeued"] += len(jobs)
         self._queue.extendleft(sorted(jobs, key=lambda j: j.order, reverse=True))

@@ -288,9 +288,9 @@ class RolloutWorker:
         return self.run_many([task], weights, version)[0]
 
     def run_many(self, tasks: Sequence[RolloutTask], weights: Weights | None, version: int, *,
-                 stop: Callable[[], bool] | None = None, claim: Callable[[int], bool] | None = None,
+                 stop: Callable[[], bool] | None = None,
                  faults: Literal["raise", "collect"] = "raise") -> list[RoleTrajectory | EpisodeFault | None]:
         """Play ``tasks`` with ``version``'s weights on the batched engine; see :func:`play_many`."""
         self.kit.load(weights, version)
         return play_many(self.kit, tasks, version, roles=self.roles, worker=self.worker_id, stop=stop,
-                         claim=claim, faults=faults)
+                         faults=faults)

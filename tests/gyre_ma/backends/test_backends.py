@@ -341,34 +341,3 @@ def test_a_batch_is_split_evenly_among_the_actors_taking_it(ray_backend):
 def test_ray_workers_per_role_are_validated(ray_backend, local):
     with pytest.raises(ValueError, match="unknown roles"):
         make_backend("ray", ray_backend.config, workers={"critic": 1})
-
-
-def test_an_idle_actor_takes_over_the_unstarted_episodes_of_a_busy_one(ray_backend, local, fault_dir):
-    """Two actors, one call of four episodes each, one episode in flight per actor. The
-    first call's episodes are slow, the second's fast: the actor that drew the fast ones
-    goes idle and takes over the slow call's unstarted episodes (``RolloutActor.release``),
-    which the busy actor then skips. Every episode comes back once, as it plays anywhere;
-    none is lost or played twice."""
-    backend, weights = local
-    slow, fast = [100, 101, 102, 103], [104, 105, 106, 107]
-    tasks = [RolloutTask("executor", s) for s in slow + fast]
-    expected = [fingerprint(t) for t in backend.collect(weights, 9, tasks)]
-    config = faulty_config(fault_dir)
-    config = config.model_copy(update={
-        "env": config.env.model_copy(update={"kwargs": {**config.env.kwargs, "slow_seeds": slow,
-                                                          "slow_step_s": 0.02}}),
-        "rollout": config.rollout.model_copy(update={"num_envs": 1})})
-    sharing = make_backend("ray", config, workers=2, pipeline_depth=1, sample_timeout_s=120.0,
-                           cpus_per_worker=0.0)  # the module's two actors hold both CPUs
-    try:
-        sharing.collect(weights, 9, [RolloutTask("executor", 0), RolloutTask("executor", 1)])  # both up
-        got = sharing.collect(weights, 9, tasks)
-        stats = sharing.stats()
-    finally:
-        sharing.close()
-    assert [fingerprint(t) for t in got] == expected
-    assert stats["backend/episodes"] == 2 + len(tasks) and stats["backend/requeued"] == 0
-    # actor 0 started slow episode 100 and kept 101; of 102 and 103, handed over, actor 1 played both
-    assert stats["backend/stolen"] == 2
-    assert {t.task_seed: t.worker for t in got if t.task_seed in slow} == {100: 0, 101: 0, 102: 1, 103: 1}
-    assert {t.worker for t in got if t.task_seed in fast} == {1}

@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -53,7 +54,12 @@ WORKER_ID_ENV = "GYRE_MA_WORKER_ID"
 
 
 class RolloutActor:
-    """A :class:`RolloutWorker` in its own process."""
+    """A :class:`RolloutWorker` in its own process. Its calls run on the process's main
+    thread, one at a time: the watchdog (:mod:`gyre_ma.watchdog`) interrupts a stuck
+    sub-policy with a signal, which only the main thread receives. Giving the actor a
+    concurrency group (or ``max_concurrency``) moves every call off that thread and
+    leaves a stuck option running until the sample timeout; :meth:`info` reports where
+    calls run (``main_thread``)."""
 
     def __init__(self, config: Any, worker_id: int, roles: Mapping[str, Role] | None) -> None:
         os.environ[WORKER_ID_ENV] = str(worker_id)
@@ -82,7 +88,8 @@ class RolloutActor:
         return done, faults
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "worker_id": self.worker.worker_id, "incarnation": self.incarnation}
+        return {"pid": os.getpid(), "worker_id": self.worker.worker_id, "incarnation": self.incarnation,
+                "main_thread": threading.current_thread() is threading.main_thread()}
 
 
 @dataclass

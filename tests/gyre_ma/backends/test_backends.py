@@ -175,6 +175,9 @@ def test_ray_matches_local_and_weights_go_out_once_per_version(ray_backend, loca
     assert [fingerprint(t) for t in got] == [fingerprint(t) for t in backend.collect(weights, 3, tasks)]
     assert all(isinstance(t, RoleTrajectory) and t.policy_version == 3 for t in got)
     assert {a["worker_id"] for a in ray_backend.actor_info()} == {0, 1}
+    # calls play on the actor's main thread, where the watchdog's signal can interrupt a stuck
+    # option (a concurrency group moved them off it, and a stuck option then ran to the sample timeout)
+    assert all(a["main_thread"] for a in ray_backend.actor_info())
     assert ray_backend.stats()["backend/restarts"] == 0
 
 

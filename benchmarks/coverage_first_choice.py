@@ -42,21 +42,10 @@ CREDIT_MODES = {"default": {}, "outcome_episode": {"outcome_credit": "episode"},
 
 class _Forced:
     """A manager that gives each listed agent's first decision the listed option, and asks
-    ``base`` for every other."""
+    ``base`` for every other (one per episode)."""
 
     def __init__(self, base: Any, forced: dict[str, int]) -> None:
         self.base, self.forced, self.used = base, forced, set()
-
-    def episode_start(self, env: Any, seed: int) -> None:
-        self.used = set()
-        hook = getattr(self.base, "episode_start", None)
-        if callable(hook):
-            hook(env, seed)
-
-    def option_end(self, call: Any, env: Any) -> None:
-        hook = getattr(self.base, "option_end", None)
-        if callable(hook):
-            hook(call, env)
 
     def decide(self, decisions: Sequence[Any]) -> list[Any]:
         from gyre_ma.options.decision import Choice
@@ -71,30 +60,16 @@ class _Forced:
         return out
 
 
-class _FirstChoices:
-    """A manager wrapper recording each agent's first decision and choice."""
-
-    def __init__(self, base: Any) -> None:
-        self.base, self.first = base, {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.base, name)
-
-    def decide(self, decisions: Sequence[Any]) -> list[Any]:
-        choices = self.base.decide(decisions)
-        for d, c in zip(decisions, choices, strict=True):
-            self.first.setdefault(d.agent, (c.option, d))
-        return choices
-
-
-def oracle_first(env: Any, library: Any, seed: int) -> dict[str, int]:
-    """Per agent, the coverage oracle's first choice on layout ``seed``."""
+def oracle_first(env: Any, library: Any, seed: int) -> dict[str, Any]:
+    """Per agent, its first call in the coverage oracle's episode on layout ``seed``. Agent
+    0's is the episode's first decision, the same whoever decides (nothing runs before it)."""
     from gyre_ma.envs.coverage.oracle import OracleManager
     from gyre_ma.rollout import run_episode
 
-    spy = _FirstChoices(OracleManager(library))
-    run_episode(env, library, spy, seed=seed)
-    return {a: o for a, (o, _) in spy.first.items()}
+    first: dict[str, Any] = {}
+    for call in run_episode(env, library, OracleManager(library), seed=seed).calls:
+        first.setdefault(call.agent, call)
+    return first
 
 
 def forced_choices(gyre: Any, seeds: list[int], rollouts: int) -> dict[str, Any]:
@@ -106,28 +81,24 @@ def forced_choices(gyre: Any, seeds: list[int], rollouts: int) -> dict[str, Any]
     env, library = gyre.backend.worker.kit.env_for(0), gyre.library
     first, second = env.possible_agents[:2]
 
-    def policy(seed: int) -> Any:
-        return NoisyManager(gyre.policy, gyre.featurizer, None, critic=gyre.critic, seed=seed)
-
     def success(seed: int, forced: dict[str, int]) -> float:
-        return float(np.mean([run_episode(env, library, _Forced(policy(1_000_003 * j + seed), forced),
-                                          seed=seed).success for j in range(rollouts)]))
+        return float(np.mean([run_episode(env, library, _Forced(NoisyManager(
+            gyre.policy, gyre.featurizer, None, critic=gyre.critic, seed=1_000_003 * j + seed), forced),
+            seed=seed).success for j in range(rollouts)]))
 
     rows = []
     for s in seeds:
         oracle = oracle_first(env, library, s)
-        spy = _FirstChoices(policy(s))
-        run_episode(env, library, spy, seed=s)
-        d = spy.first[first][1]
+        call = oracle[first]
         with torch.no_grad():
-            logits = spy.base.actor.logits([0], torch.from_numpy(gyre.featurizer.many([d])), torch.tensor([0]),
-                                           torch.from_numpy(d.mask[None]))
+            logits = gyre.policy(torch.from_numpy(gyre.featurizer.many([call])), torch.tensor([call.agent_index]),
+                                 torch.from_numpy(call.mask[None]))
         probs = torch.softmax(logits, -1)[0].numpy()
         top = int(probs.argmax())
-        rows.append({"seed": s, "oracle": oracle[first], "top": top, "p_oracle": float(probs[oracle[first]]),
-                     "free": success(s, {}), "first_oracle": success(s, {first: oracle[first]}),
+        rows.append({"seed": s, "oracle": call.option, "top": top, "p_oracle": float(probs[call.option]),
+                     "free": success(s, {}), "first_oracle": success(s, {first: call.option}),
                      "first_top": success(s, {first: top}),
-                     "first_two_oracle": success(s, {first: oracle[first], second: oracle[second]})})
+                     "first_two_oracle": success(s, {first: call.option, second: oracle[second].option})})
 
     def mean(key: str, among: list[dict[str, Any]]) -> float | None:
         return float(np.mean([r[key] for r in among])) if among else None
@@ -144,38 +115,39 @@ def first_choice_credit(gyre: Any, batches: int) -> dict[str, Any]:
 
     env, library = gyre.backend.worker.kit.env_for(0), gyre.library
     first = env.possible_agents[0]
-    per_mode: dict[str, list[tuple[bool, bool, float]]] = {m: [] for m in CREDIT_MODES}
-    hard: dict[int, bool] = {}
-    oracle: dict[int, int] = {}
+    seeds, options = [], []
+    advantages: dict[str, list[float]] = {m: [] for m in CREDIT_MODES}
+    """Per mode, each episode's advantage of agent 0's first call, in the order of ``seeds``."""
     for k in range(batches):
         trajectories = gyre.backend.collect(gyre.weights(), gyre.version, gyre.tasks(100_000 + k))
         gyre.arbitrate(trajectories)
-        seeds = sorted({t.task_seed for t in trajectories} - set(hard))
-        hard |= {s: not won for s, won in nearest_first_wins(seeds).items()}
-        oracle |= {s: oracle_first(env, library, s)[first] for s in seeds}
         seg = segment(trajectories, env.possible_agents)
+        rows = {id(c): r for r, c in enumerate(c for row in seg.calls for c in row)}
+        calls = [next(c for c in t.calls if c.agent == first) for t in trajectories]
+        seeds += [t.task_seed for t in trajectories]
+        options += [c.option for c in calls]
         for name, change in CREDIT_MODES.items():
             config = gyre.config.model_copy(update={"credit": gyre.config.credit.model_copy(update=change)})
             batch = build_batch(trajectories, seg, config=config, featurizer=gyre.featurizer,
                                 state_scaler=gyre.state_scaler, names=library.graph.names)
-            flat = [c for row in seg.calls for c in row]
-            advantage = dict(zip(map(id, flat), batch[B.ADVANTAGE].tolist(), strict=True))
-            for t in trajectories:
-                call = next(c for c in t.calls if c.agent == first)
-                per_mode[name].append((hard[t.task_seed], call.option == oracle[t.task_seed], advantage[id(call)]))
-    out: dict[str, Any] = {"batches": batches, "episodes": len(per_mode["default"])}
-    for name, rows in per_mode.items():
-        a = np.array(rows, dtype=float)
+            advantages[name] += batch[B.ADVANTAGE][[rows[id(c)] for c in calls]].tolist()
+    wins = nearest_first_wins(sorted(set(seeds)))
+    oracle = {s: oracle_first(env, library, s)[first].option for s in wins}
+    hard = np.array([not wins[s] for s in seeds])
+    took = np.array([o == oracle[s] for s, o in zip(seeds, options, strict=True)])
+    out: dict[str, Any] = {"batches": batches, "episodes": len(seeds)}
+    for name, values in advantages.items():
+        a = np.array(values)
         summary = {}
-        for kind, where in (("nearest_first_loses", a[:, 0] == 1), ("nearest_first_wins", a[:, 0] == 0)):
-            took, other = a[where & (a[:, 1] == 1), 2], a[where & (a[:, 1] == 0), 2]
-            pooled = (float(np.sqrt((took.var() * len(took) + other.var() * len(other)) / (len(took) + len(other))))
-                      if len(took) and len(other) else 0.0)
-            summary[kind] = {"took_oracle": len(took), "took_other": len(other),
-                             "mean_advantage_oracle": float(took.mean()) if len(took) else None,
+        for kind, where in (("nearest_first_loses", hard), ("nearest_first_wins", ~hard)):
+            right, other = a[where & took], a[where & ~took]
+            pooled = (float(np.sqrt((right.var() * len(right) + other.var() * len(other)) / (len(right) + len(other))))
+                      if len(right) and len(other) else 0.0)
+            summary[kind] = {"took_oracle": len(right), "took_other": len(other),
+                             "mean_advantage_oracle": float(right.mean()) if len(right) else None,
                              "mean_advantage_other": float(other.mean()) if len(other) else None,
-                             "separation": float((took.mean() - other.mean()) / pooled)
-                             if len(took) and len(other) and pooled > 0 else None}
+                             "separation": float((right.mean() - other.mean()) / pooled)
+                             if len(right) and len(other) and pooled > 0 else None}
         out[name] = summary
     return out
 

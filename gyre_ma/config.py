@@ -213,6 +213,16 @@ class TrainConfig(_Section):
     """Option calls per gradient step."""
     clip: float = Field(0.2, gt=0.0, lt=1.0)
     """PPO ratio clip ε."""
+    proximal: Literal["behaviour", "learner"] = "behaviour"
+    """What the PPO ratio is clipped against. ``behaviour``: the policy that chose, as it
+    chose (its episode's parameter noise, temperature, version). ``learner``: decoupled PPO
+    (Hilton et al. 2021): the learner's unperturbed policy before the update, each row
+    weighted by its probability ÷ the behaviour policy's (capped at ``importance_cap``).
+    Under parameter noise the two differ: an explorer perturbed KL 0.05-0.3 away makes
+    ratios against it start far from 1, where PPO's clip zeroes the gradient of some rows
+    and leaves others unbounded."""
+    importance_cap: float = Field(1.0, gt=0.0)
+    """The largest behaviour weight under ``proximal: learner`` (V-trace's ρ̄)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the KL penalty to the pre-update policy."""
     entropy_coef: float = Field(0.01, ge=0.0)

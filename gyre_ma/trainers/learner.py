@@ -7,7 +7,7 @@ been warm-started — and nothing of the rollout side (the loop hands it batches
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,7 +46,8 @@ class Learner:
         self.manager_module = self.fitter.setup(ManagerModule(
             policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef,
             reference=policy.frozen_copy() if llm is not None else None,
-            ref_kl_coef=llm.ref_kl_coef if llm is not None else 0.0))
+            ref_kl_coef=llm.ref_kl_coef if llm is not None else 0.0, importance_cap=t.importance_cap))
+        self.decoupled = t.proximal == "learner"
         self.critic_module = self.fitter.setup(
             CriticModule(critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
         self.lrs = (t.lr, t.critic_lr)
@@ -91,8 +92,11 @@ class Learner:
         metrics = {"forced_decisions": float(1.0 - choices.float().mean())} if len(choices) else {}
         if bool(choices.any()):
             decided = batch if bool(choices.all()) else {k: v[choices] for k, v in batch.items()}
-            if self.manager_module.module.reference is not None:
-                decided = decided | {B.REF_LOGITS: self._reference_logits(decided)}
+            module = self.manager_module.module
+            if module.reference is not None:
+                decided = decided | {B.REF_LOGITS: self._by_minibatch(decided, module.reference_logits)}
+            if self.decoupled:
+                decided = decided | {B.PROXIMAL_LOG_PROB: self._by_minibatch(decided, self._log_probs)}
             metrics |= self.fitter.fit(self.manager_module, decided, **options)
         metrics |= self.fitter.fit(self.critic_module, self._critic_rows(batch), **options)
         if self.replay is not None and bool(choices.any()):
@@ -139,14 +143,18 @@ class Learner:
                 out.append(self.manager_module.imitation_step(mb, weight=self.imitation * scale)["imitation_loss"])
         return {"imitation_weight": scale, "imitation_loss": float(sum(out) / len(out))}
 
-    def _reference_logits(self, batch: B.Batch) -> torch.Tensor:
-        """The frozen reference's logits of every row, a minibatch's worth at a time, on the CPU."""
+    def _by_minibatch(self, batch: B.Batch, forward: Callable[[B.Batch], torch.Tensor]) -> torch.Tensor:
+        """``forward`` (no gradient) of every row of ``batch``, a minibatch's worth at a time, on the CPU."""
         n = batch[B.OPTION].shape[0]
-        module = self.manager_module.module
-        with self.fitter.fabric.autocast():
-            return torch.cat([module.reference_logits(self.fitter.to_learner(
-                {k: v[at:at + self.minibatch_size] for k, v in batch.items()})).cpu()
+        with torch.no_grad(), self.fitter.fabric.autocast():
+            return torch.cat([forward(self.fitter.to_learner(
+                {k: v[at:at + self.minibatch_size] for k, v in batch.items()})).float().cpu()
                 for at in range(0, n, self.minibatch_size)])
+
+    def _log_probs(self, batch: B.Batch) -> torch.Tensor:
+        """The policy's log-probability of each row's chosen option, as it is now."""
+        logits = self.manager_module.module.policy.batch_logits(batch)
+        return torch.distributions.Categorical(logits=logits).log_prob(batch[B.OPTION])
 
     def state_dict(self) -> dict[str, Any]:
         manager_opt, critic_opt = self.optimizers

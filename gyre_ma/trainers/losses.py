@@ -6,12 +6,15 @@ import torch
 from torch import Tensor
 
 
-def clipped_surrogate(*, log_prob: Tensor, old_log_prob: Tensor, advantage: Tensor, clip: float) -> Tensor:
-    """PPO's clipped objective, negated for minimisation. All inputs [N]; returns a scalar."""
+def clipped_surrogate(*, log_prob: Tensor, old_log_prob: Tensor, advantage: Tensor, clip: float,
+                      weight: Tensor | None = None) -> Tensor:
+    """PPO's clipped objective, negated for minimisation. All inputs [N]; returns a scalar.
+    ``weight`` [N] scales each row's term (decoupled PPO's behaviour correction)."""
     ratio = (log_prob - old_log_prob).exp()
     unclipped = ratio * advantage
     clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantage
-    return -torch.minimum(unclipped, clipped).mean()
+    objective = torch.minimum(unclipped, clipped)
+    return -(objective if weight is None else weight * objective).mean()
 
 
 def approx_kl(*, log_prob: Tensor, old_log_prob: Tensor) -> Tensor:

@@ -22,11 +22,18 @@ class ManagerModule(L.LightningModule):
     """The clipped surrogate on any policy with ``batch_logits(batch)`` → masked logits:
     the MLP manager (features) or the LLM manager (prompts). With a ``reference`` policy
     (the LLM manager's frozen initial model), ``ref_kl_coef`` · KL(π ‖ π_ref) over the
-    eligible options joins the loss."""
+    eligible options joins the loss.
+
+    A batch carrying :data:`~gyre_ma.batch.PROXIMAL_LOG_PROB` gets decoupled PPO (Hilton et
+    al. 2021, arXiv 2110.00641): the ratio is clipped against that proximal policy (the
+    learner's before the update), not against the behaviour policy that chose (perturbed by
+    its episode's parameter noise, tempered, or a version behind), and each row's term is
+    weighted by proximal ÷ behaviour probability, capped at ``importance_cap``."""
 
     def __init__(self, policy: ManagerPolicy | nn.Module, *, lr: float, clip: float, entropy_coef: float,
                  kl_coef: float, max_grad_norm: float = 0.5, normalize_advantage: bool = True,
-                 reference: nn.Module | None = None, ref_kl_coef: float = 0.0) -> None:
+                 reference: nn.Module | None = None, ref_kl_coef: float = 0.0,
+                 importance_cap: float = 1.0) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.policy = policy
@@ -35,6 +42,7 @@ class ManagerModule(L.LightningModule):
         self.entropy_coef, self.kl_coef = entropy_coef, kl_coef
         self.max_grad_norm = max_grad_norm
         self.normalize_advantage = normalize_advantage
+        self.importance_cap = importance_cap
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.policy.parameters(), lr=self.lr, eps=1e-5)
@@ -57,13 +65,17 @@ class ManagerModule(L.LightningModule):
         advantage = batch[B.ADVANTAGE]
         if self.normalize_advantage and advantage.numel() > 1:
             advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-        surrogate = clipped_surrogate(
-            log_prob=log_prob, old_log_prob=batch[B.LOG_PROB], advantage=advantage, clip=self.clip
-        )
+        anchor, weight, extra = batch[B.LOG_PROB], None, {}
+        if B.PROXIMAL_LOG_PROB in batch:  # decoupled: clip against the learner's policy, weight by it ÷ behaviour
+            anchor = batch[B.PROXIMAL_LOG_PROB]
+            weight = (anchor - batch[B.LOG_PROB]).exp()
+            extra["behaviour_weight"] = weight.mean().item()
+            weight = weight.clamp(max=self.importance_cap)
+        surrogate = clipped_surrogate(log_prob=log_prob, old_log_prob=anchor, advantage=advantage, clip=self.clip,
+                                      weight=weight)
         entropy = dist.entropy().mean()
-        kl = approx_kl(log_prob=log_prob, old_log_prob=batch[B.LOG_PROB])
+        kl = approx_kl(log_prob=log_prob, old_log_prob=anchor)
         loss = surrogate - self.entropy_coef * entropy + self.kl_coef * kl
-        extra = {}
         if self.reference is not None:
             ref_kl = masked_kl(logits_p=logits, logits_q=batch[B.REF_LOGITS], mask=batch[B.MASK]).mean()
             loss = loss + self.ref_kl_coef * ref_kl
@@ -74,7 +86,7 @@ class ManagerModule(L.LightningModule):
         self.manual_backward(loss)
         self.fabric.clip_gradients(self, opt, max_norm=self.max_grad_norm, error_if_nonfinite=False)
         opt.step()
-        clip_frac = ((log_prob - batch[B.LOG_PROB]).exp().sub(1.0).abs() > self.clip).float().mean()
+        clip_frac = ((log_prob - anchor).exp().sub(1.0).abs() > self.clip).float().mean()
         return {
             "policy_loss": surrogate.item(), "entropy": entropy.item(), "kl": kl.item(),
             "clip_fraction": clip_frac.item(), "skipped": 0.0,

@@ -68,9 +68,8 @@ class ManagerModule(L.LightningModule):
         anchor, weight, extra = batch[B.LOG_PROB], None, {}
         if B.PROXIMAL_LOG_PROB in batch:  # decoupled: clip against the learner's policy, weight by it ÷ behaviour
             anchor = batch[B.PROXIMAL_LOG_PROB]
-            weight = (anchor - batch[B.LOG_PROB]).exp()
-            extra["behaviour_weight"] = weight.mean().item()
-            weight = weight.clamp(max=self.importance_cap)
+            extra["behaviour_kl"] = approx_kl(log_prob=anchor, old_log_prob=batch[B.LOG_PROB]).item()
+            weight = (anchor - batch[B.LOG_PROB]).exp().clamp(max=self.importance_cap)
         surrogate = clipped_surrogate(log_prob=log_prob, old_log_prob=anchor, advantage=advantage, clip=self.clip,
                                       weight=weight)
         entropy = dist.entropy().mean()

@@ -3,6 +3,8 @@ policy before the update, each row weighted by learner ÷ behaviour probability.
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import pytest
 import torch
@@ -74,7 +76,8 @@ def test_a_decoupled_step_starts_unclipped_and_raises_the_options_that_paid_off(
     assert coupled.training_step({k: v for k, v in batch.items() if k != B.PROXIMAL_LOG_PROB})["clip_fraction"] == 1.0
     decoupled = module.training_step(batch)
     assert decoupled["clip_fraction"] == 0.0
-    assert decoupled["behaviour_weight"] == pytest.approx(3.0)
+    # KL(behaviour ‖ learner) by the k3 estimator at a ratio of 3: 3 − 1 − log 3
+    assert decoupled["behaviour_kl"] == pytest.approx(2.0 - math.log(3.0))
     with torch.no_grad():
         after = torch.distributions.Categorical(
             logits=policy(batch[B.FEATURES], batch[B.AGENT], batch[B.MASK])).log_prob(batch[B.OPTION])
@@ -117,7 +120,7 @@ def test_the_learner_adds_the_proximal_log_probs_only_when_decoupled(tmp_path, p
         metrics = gyre.learner.fit(batch, trajectories)
         first = seen[0]
         assert (B.PROXIMAL_LOG_PROB in first) == (proximal == "learner")
-        assert ("behaviour_weight" in metrics) == (proximal == "learner")
+        assert ("behaviour_kl" in metrics) == (proximal == "learner")
         if proximal == "learner":
             # the policy before the update, row for row (the first minibatch is a shuffle of them)
             def key(mb: B.Batch, i: int) -> tuple:

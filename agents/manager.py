@@ -121,36 +121,20 @@ class ManagerPolicy(nn.Module):
     workers and into checkpoints, so every copy of a policy version samples alike."""
 
     def __init__(self, features: int, n_options: int, n_agents: int, *, hidden: int = 128,
-                 layers: int = 2, agent_embedding: int = 8, option_values: bool = False) -> None:
+                 layers: int = 2, agent_embedding: int = 8) -> None:
         super().__init__()
         self.agent_embedding = nn.Embedding(n_agents, agent_embedding)
         self.body = _mlp(features + agent_embedding, hidden, layers)
         self.head = nn.Linear(hidden, n_options)
         nn.init.orthogonal_(self.head.weight, gain=0.01)
         nn.init.zeros_(self.head.bias)
-        self.option_value_head = nn.Linear(hidden, n_options) if option_values else None
-        """Q(s, ·) on the same body: an auxiliary regression target (``train.option_value_coef``),
-        never read when acting."""
         self.register_buffer("inverse_temperature", torch.ones(()))
 
     def forward(self, features: torch.Tensor, agent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """features [B, F], agent [B] long, mask [B, K] bool → masked logits [B, K]."""
-        return self._masked_logits(self._body(features, agent), mask)
-
-    def _body(self, features: torch.Tensor, agent: torch.Tensor) -> torch.Tensor:
-        return self.body(torch.cat([features, self.agent_embedding(agent)], dim=-1))
-
-    def _masked_logits(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden) * self.inverse_temperature
+        x = torch.cat([features, self.agent_embedding(agent)], dim=-1)
+        logits = self.head(self.body(x)) * self.inverse_temperature
         return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-
-    def batch_logits_and_option_values(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Masked logits [B, K] of a training batch's rows and the option-value head's Q [B, K],
-        from one pass through the body."""
-        if self.option_value_head is None:
-            raise ValueError("this policy has no option-value head (train.option_value_coef is 0)")
-        hidden = self._body(batch["features"], batch["agent"])
-        return self._masked_logits(hidden, batch["mask"]), self.option_value_head(hidden)
 
     def set_temperature(self, temperature: float) -> None:
         """Sample at ``temperature`` (> 0): the logits are divided by it."""

@@ -262,11 +262,6 @@ class TrainConfig(_Section):
     a little and costs a fifth more training time; on coverage it ranks assignments better,
     yet its success gain on run seeds 0-5 did not repeat on seeds 6-11, and 8192 does no
     better than 0, so it is off (``benchmarks/results/README.md``, sessions 23 and 24)."""
-    option_value_coef: float = Field(0.0, ge=0.0)
-    """Weight of an auxiliary target: an option-value head Q(s, ·) on the manager's body
-    regressed, at the option each decision chose, on that decision's return (the critic's
-    target), so the body must tell apart what each option is worth, not only which one the
-    advantage favoured; the head is never read when acting. 0: no head."""
     self_imitation: float = Field(0.0, ge=0.0)
     """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
     each update also imitates replayed decisions whose return beat the critic's current value,
@@ -643,10 +638,6 @@ class ExperimentConfig(_Section):
             raise ValueError(f"`train.self_imitation` is {self.train.self_imitation}, but self-imitation replays the "
                              "MLP manager's decision features; the LLM manager (`manager.kind: llm`) has none: set "
                              "it to 0")
-        if self.train.option_value_coef > 0:
-            raise ValueError(f"`train.option_value_coef` is {self.train.option_value_coef}, but the option-value "
-                             "head sits on the MLP manager's body; the LLM manager (`manager.kind: llm`) has none: "
-                             "set it to 0")
         if self.train.temperature_final != 1.0:
             raise ValueError(f"`train.temperature_final` is {self.train.temperature_final}, but the temperature "
                              "schedule scales the MLP manager's logits; the LLM manager (`manager.kind: llm`) has "

@@ -156,8 +156,7 @@ class RolloutKit:
             self.llm_engine = m.llm.engine
         else:
             self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents), hidden=m.hidden,
-                                        layers=m.layers, agent_embedding=m.agent_embedding,
-                                        option_values=config.train.option_value_coef > 0)
+                                        layers=m.layers, agent_embedding=m.agent_embedding)
         if getattr(m, "centralised_critic", False):
             self.state_scaler = StateScaler(self.env.state_space)
         inputs = self.state_scaler.dim if self.state_scaler else self.featurizer.dim

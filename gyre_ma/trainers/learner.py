@@ -46,8 +46,7 @@ class Learner:
         self.manager_module = self.fitter.setup(ManagerModule(
             policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef,
             reference=policy.frozen_copy() if llm is not None else None,
-            ref_kl_coef=llm.ref_kl_coef if llm is not None else 0.0, importance_cap=t.importance_cap,
-            option_value_coef=t.option_value_coef))
+            ref_kl_coef=llm.ref_kl_coef if llm is not None else 0.0, importance_cap=t.importance_cap))
         self.decoupled = t.proximal == "learner"
         self.critic_module = self.fitter.setup(
             CriticModule(critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))

@@ -15,7 +15,7 @@ from torch import nn
 from gyre_ma import batch as B
 from gyre_ma.agents.manager import ManagerPolicy
 from gyre_ma.agents.noise import masked_kl
-from gyre_ma.trainers.losses import approx_kl, clipped_surrogate, value_loss
+from gyre_ma.trainers.losses import approx_kl, clipped_surrogate
 
 
 class ManagerModule(L.LightningModule):
@@ -33,7 +33,7 @@ class ManagerModule(L.LightningModule):
     def __init__(self, policy: ManagerPolicy | nn.Module, *, lr: float, clip: float, entropy_coef: float,
                  kl_coef: float, max_grad_norm: float = 0.5, normalize_advantage: bool = True,
                  reference: nn.Module | None = None, ref_kl_coef: float = 0.0,
-                 importance_cap: float = 1.0, option_value_coef: float = 0.0) -> None:
+                 importance_cap: float = 1.0) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.policy = policy
@@ -43,7 +43,6 @@ class ManagerModule(L.LightningModule):
         self.max_grad_norm = max_grad_norm
         self.normalize_advantage = normalize_advantage
         self.importance_cap = importance_cap
-        self.option_value_coef = option_value_coef
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.policy.parameters(), lr=self.lr, eps=1e-5)
@@ -60,10 +59,7 @@ class ManagerModule(L.LightningModule):
         A non-finite loss skips the step (parameters unchanged) and reports ``skipped``.
         """
         opt = self.optimizers()
-        if self.option_value_coef > 0:
-            logits, option_values = self.policy.batch_logits_and_option_values(batch)
-        else:
-            logits = self.policy.batch_logits(batch)
+        logits = self.policy.batch_logits(batch)
         dist = torch.distributions.Categorical(logits=logits)
         log_prob = dist.log_prob(batch[B.OPTION])
         advantage = batch[B.ADVANTAGE]
@@ -79,11 +75,6 @@ class ManagerModule(L.LightningModule):
         entropy = dist.entropy().mean()
         kl = approx_kl(log_prob=log_prob, old_log_prob=anchor)
         loss = surrogate - self.entropy_coef * entropy + self.kl_coef * kl
-        if self.option_value_coef > 0:  # Q(s, a) of the chosen option against the decision's return
-            chosen = option_values.gather(1, batch[B.OPTION].unsqueeze(1)).squeeze(1)
-            option_value_loss = value_loss(value=chosen, target=batch[B.RETURN])
-            loss = loss + self.option_value_coef * option_value_loss
-            extra["option_value_loss"] = option_value_loss.item()
         if self.reference is not None:
             ref_kl = masked_kl(logits_p=logits, logits_q=batch[B.REF_LOGITS], mask=batch[B.MASK]).mean()
             loss = loss + self.ref_kl_coef * ref_kl

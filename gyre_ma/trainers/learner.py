@@ -93,8 +93,8 @@ class Learner:
         if bool(choices.any()):
             decided = batch if bool(choices.all()) else {k: v[choices] for k, v in batch.items()}
             module = self.manager_module.module
-            if module.reference is not None:
-                decided = decided | {B.REF_LOGITS: self._by_minibatch(decided, module.reference_logits)}
+            if module.reference is not None:  # once per update, before the epochs: the reference does not move
+                decided = decided | {B.REF_LOGITS: self._by_minibatch(decided, module.reference.batch_logits)}
             if self.decoupled:
                 decided = decided | {B.PROXIMAL_LOG_PROB: self._by_minibatch(decided, self._log_probs)}
             metrics |= self.fitter.fit(self.manager_module, decided, **options)

@@ -47,12 +47,6 @@ class ManagerModule(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.policy.parameters(), lr=self.lr, eps=1e-5)
 
-    @torch.no_grad()
-    def reference_logits(self, batch: B.Batch) -> torch.Tensor:
-        """The reference policy's masked logits of a (learner-side) minibatch: computed once
-        per update, before the epochs (the reference does not move)."""
-        return self.reference.batch_logits(batch).float()
-
     def training_step(self, batch: B.Batch, batch_idx: int = 0) -> dict[str, float]:
         """One clipped-surrogate step on a minibatch; returns float metrics.
 

@@ -29,13 +29,13 @@ def test_the_weight_scales_each_rows_clipped_term():
                              weight=weight).item() == pytest.approx(-(0.6 - 2.0 - 1.6) / 3)
 
 
-def _module(importance_cap: float = 1.0) -> tuple[ManagerModule, L.Fabric]:
+def _module(importance_cap: float = 1.0) -> ManagerModule:
     torch.manual_seed(0)
     policy = ManagerPolicy(4, 3, 1, hidden=16)
     module = ManagerModule(policy, lr=1e-2, clip=0.2, entropy_coef=0.0, kl_coef=0.0, importance_cap=importance_cap)
     fabric = L.Fabric(accelerator="cpu", devices=1)
     wrapped, _ = fabric.setup(module, module.configure_optimizers())
-    return wrapped, fabric
+    return wrapped
 
 
 def _explorer_batch(policy: ManagerPolicy) -> B.Batch:
@@ -69,10 +69,10 @@ def test_against_a_perturbed_behaviour_good_rows_get_no_gradient_and_bad_rows_th
 
 
 def test_a_decoupled_step_starts_unclipped_and_raises_the_options_that_paid_off():
-    module, _ = _module()
+    module = _module()
     policy = module.module.policy
     batch = _explorer_batch(policy)
-    coupled, _ = _module()
+    coupled = _module()
     assert coupled.training_step({k: v for k, v in batch.items() if k != B.PROXIMAL_LOG_PROB})["clip_fraction"] == 1.0
     decoupled = module.training_step(batch)
     assert decoupled["clip_fraction"] == 0.0
@@ -89,7 +89,7 @@ def test_a_decoupled_step_starts_unclipped_and_raises_the_options_that_paid_off(
 def test_each_rows_weight_is_learner_over_behaviour_capped(monkeypatch, cap):
     from gyre_ma.trainers import manager
 
-    module, _ = _module(importance_cap=cap)
+    module = _module(importance_cap=cap)
     batch = _explorer_batch(module.module.policy)
     batch[B.LOG_PROB] = batch[B.PROXIMAL_LOG_PROB] + torch.linspace(-2.0, 2.0, 32)  # weights e² .. e⁻²
     seen = {}

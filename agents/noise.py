@@ -439,20 +439,12 @@ class NoNoise:
 class _Slot:
     """One in-flight episode's exploration: its noise, sampling generator and greedy memory."""
 
-    __slots__ = ("noise", "greedy", "generator", "perturbed", "tried", "uniforms", "lead", "width")
+    __slots__ = ("noise", "greedy", "generator", "perturbed", "tried", "uniforms")
 
     UNIFORMS_AT_ONCE = 64
-    MIN_WIDTH = 1e-6
-    """A lead is refined until the probability of the choices it made falls below this (past
-    it the residual's float precision thins); then the generator's uniforms take over."""
 
     def __init__(self) -> None:
         self.noise, self.greedy, self.perturbed = NO_NOISE, False, False
-        self.lead: float | None = None
-        """A stratified episode's next uniform (:meth:`RolloutTask.lead`, then its residual
-        after each choice), used in place of the generator's; None: the generator's."""
-        self.width = 1.0
-        """The probability, under the acting policy, of the choices made from the lead so far."""
         self.generator = torch.Generator()
         self.tried: dict[str, tuple[frozenset[str], set[int], set[int]]] = {}
         """Agent → (its verified milestones, the options it tried since they changed, those of
@@ -467,27 +459,6 @@ class _Slot:
         if not self.uniforms:
             self.uniforms = torch.rand(self.UNIFORMS_AT_ONCE, generator=self.generator).tolist()[::-1]
         return self.uniforms.pop()
-
-    def draw(self) -> float:
-        """The uniform the next sampled choice is made from: the generator's (drawn in any case,
-        so the generator's later numbers do not depend on a lead), or the lead."""
-        u = self.uniform()
-        return u if self.lead is None else self.lead
-
-    def refine(self, probs: np.ndarray, pick: int, u: float) -> None:
-        """After a sampled choice of ``pick`` from ``u`` (probabilities ``probs``, maybe
-        unnormalised): the lead becomes ``u``'s position within ``pick``'s interval of the
-        cumulative distribution, which is uniform on [0, 1) and independent of the choices
-        made, so the episode's choices keep the policy's distribution while episodes that
-        chose alike stay stratified for their next choice."""
-        p = probs.astype(np.float64)
-        cum = p.cumsum()
-        self.width *= p[pick] / cum[-1]
-        if self.width < self.MIN_WIDTH or p[pick] <= 0.0:
-            self.lead = None
-            return
-        residual = (u * cum[-1] - (cum[pick] - p[pick])) / p[pick]
-        self.lead = min(max(float(residual), 0.0), 1.0 - 2.0 ** -53)
 
 
 class PolicyActor:
@@ -528,14 +499,11 @@ class PolicyActor:
 
     # ------------------------------------------------------------------ episodes
     @torch.no_grad()
-    def begin(self, slot: int, noise: NoiseSetting, seed: int, *, greedy: bool = False,
-              lead: float | None = None) -> None:
+    def begin(self, slot: int, noise: NoiseSetting, seed: int, *, greedy: bool = False) -> None:
         """Start an episode in ``slot``: reseed it and, under parameter noise, draw its
-        perturbed weights (the draws :func:`perturb` makes from the same seed). ``lead``: a
-        stratified episode's first uniform (:meth:`RolloutTask.lead`)."""
+        perturbed weights (the draws :func:`perturb` makes from the same seed)."""
         s = self.slots[slot]
         s.noise, s.greedy, s.tried, s.uniforms = noise, greedy, {}, []
-        s.lead, s.width = (None if greedy else lead), 1.0
         s.generator.manual_seed(int(seed))
         s.perturbed = noise.kind == "param" and noise.scale > 0 and not greedy
         if not s.perturbed and self._stacks is None:
@@ -591,15 +559,12 @@ class PolicyActor:
                                                    lp[greedy])
         sampled = [i for i, s in enumerate(rows) if not s.greedy]
         if sampled:
-            u = np.array([rows[i].draw() for i in sampled])
+            u = np.array([rows[i].uniform() for i in sampled])
             probs = np.exp(lp[sampled])
             cum = probs.cumsum(-1)
             picks = np.minimum((cum < u[:, None] * cum[:, -1:]).sum(-1), probs.shape[-1] - 1)
             bad = ~mask_np[sampled, picks]  # float round-off past the last eligible
             options[sampled] = np.where(bad, probs.argmax(-1), picks)
-            for j, i in enumerate(sampled):
-                if rows[i].lead is not None:
-                    rows[i].refine(probs[j], int(options[i]), float(u[j]))
         chosen = lp[np.arange(n), options]
         values = self._values(decisions, features, agent)
         return [Choice(int(o), float(c), float(v))

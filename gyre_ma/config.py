@@ -453,11 +453,6 @@ class RolesConfig(_Section):
     """Also mark unsuccessful explorer episodes elite at this milestone score."""
     verify_elite: bool = True
     """Replay elite candidates and check their milestones on environment state first."""
-    stratify: bool = False
-    """Sample a task seed's explorer and executor episodes together, stratified: the group's
-    episodes start from one systematic sample of uniforms (each still uniform, so each
-    episode samples from its own policy), refined after each choice, so episodes facing
-    the same decision spread over its options instead of repeating the likeliest one."""
 
 
 class RolloutConfig(_Section):

@@ -83,8 +83,7 @@ class Gyre:
         cap = self.curriculum.step_cap if self.curriculum is not None else self.config.train.max_steps
         seeds = [task_seed(self.config.seed, iteration, g) for g in range(self.config.groups_per_iteration)]
         noise = self.noise.settings() if self.learns else {}
-        return iteration_tasks(seeds=seeds, explorers=r.explorers, executors=r.executors, noise=noise, max_steps=cap,
-                               stratify=r.stratify)
+        return iteration_tasks(seeds=seeds, explorers=r.explorers, executors=r.executors, noise=noise, max_steps=cap)
 
     def rollout(self, iteration: int) -> tuple[list[Trajectory], dict[str, float]]:
         """A: this iteration's episodes — played now, or (async) collected from those

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 ROLES: tuple[str, ...] = ("explorer", "executor", "evaluator")
 EVALUATION = 0x65_76_61_6C  # "eval": marks the seeds of held-out evaluation's streams
-STRATA = 0x73_74_72_61  # "stra": marks the seeds of a group's stratified first uniforms
 
 
 # ---------------------------------------------------------------------------- task and result
@@ -58,10 +57,6 @@ class RolloutTask:
     this stream, not the version, so every policy evaluated on the same tasks and stream
     draws the same uniforms: two policies' figures differ by their choices alone (paired,
     common random numbers), and the same weights give the same figures whatever their version."""
-    strata: int = 0
-    """Training episodes of this task seed whose sampling is stratified together (``roles.
-    stratify``): the group's episodes ``0 .. strata - 1`` each start from their own stratum
-    of one shared uniform (:meth:`lead`). 0: this episode samples on its own."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -70,9 +65,6 @@ class RolloutTask:
             raise TypeError(f"task noise must be a NoiseSetting, got {type(self.noise).__name__}")
         if self.stream is not None and (not isinstance(self.stream, int) or self.stream < 0):
             raise ValueError(f"task stream must be None or an int >= 0, got {self.stream!r}")
-        if self.strata and not (self.strata >= 2 and 0 <= self.episode < self.strata):
-            raise ValueError(f"task strata must be 0, or >= 2 with the episode index below it; got strata "
-                             f"{self.strata!r} for episode {self.episode}")
 
     @classmethod
     def coerce(cls, item: RolloutTask | Sequence[Any]) -> RolloutTask:
@@ -90,20 +82,6 @@ class RolloutTask:
         entropy = (task + [version, int(self.greedy)] if self.stream is None
                    else task + [int(self.greedy), EVALUATION, self.stream])  # six words: a seed domain of its own
         return int(np.random.SeedSequence(entropy).generate_state(1)[0])
-
-    def lead(self, version: int) -> float | None:
-        """The uniform this episode's sampled choices start from when its group is stratified:
-        ``(π(episode) + U) / strata``, with the shift U and the permutation π of the strata
-        drawn from the task seed and policy version alone, so the group's episodes share
-        them. Each episode's lead is uniform on [0, 1) (π is a uniform permutation), so each
-        episode still samples from its own policy; together the group's leads are one
-        systematic sample, so episodes that face the same first decision spread over its
-        options instead of repeating the likeliest. None: not stratified (greedy, held-out)."""
-        if self.strata < 2 or self.greedy or self.stream is not None:
-            return None
-        rng = np.random.default_rng(np.random.SeedSequence([self.task_seed, version, STRATA, self.strata]))
-        shift = rng.random()
-        return float((rng.permutation(self.strata)[self.episode] + shift) / self.strata)
 
 
 def evaluation_tasks(seeds: Iterable[int], *, greedy: bool = False, stream: int = 0) -> list[RolloutTask]:
@@ -310,23 +288,19 @@ def validation_seed(seed: int, iteration: int, k: int) -> int:
 
 
 def iteration_tasks(*, seeds: Sequence[int], explorers: int, executors: int,
-                    noise: Mapping[str, NoiseSetting], max_steps: int | None = None,
-                    stratify: bool = False) -> list[RolloutTask]:
+                    noise: Mapping[str, NoiseSetting], max_steps: int | None = None) -> list[RolloutTask]:
     """Per task seed, ``executors`` executor episodes then ``explorers`` explorer episodes
-    (one group of ``explorers + executors`` episodes per seed, for the outcome advantage);
-    ``stratify``: the group's sampling stratified (:meth:`RolloutTask.lead`)."""
+    (one group of ``explorers + executors`` episodes per seed, for the outcome advantage)."""
     if explorers < 0 or executors < 0 or explorers + executors < 1:
         raise ValueError(f"need explorers, executors >= 0 and at least one episode per seed, got "
                          f"explorers={explorers}, executors={executors}")
-    strata = explorers + executors if stratify and explorers + executors >= 2 else 0
     tasks = []
     for seed in seeds:
         for e in range(executors):
-            tasks.append(RolloutTask("executor", int(seed), e, noise.get("executor", NO_NOISE), max_steps=max_steps,
-                                     strata=strata))
+            tasks.append(RolloutTask("executor", int(seed), e, noise.get("executor", NO_NOISE), max_steps=max_steps))
         for e in range(explorers):
             tasks.append(RolloutTask("explorer", int(seed), executors + e, noise.get("explorer", NO_NOISE),
-                                     max_steps=max_steps, strata=strata))
+                                     max_steps=max_steps))
     return tasks
 
 

@@ -46,7 +46,7 @@ class PolicyDeciders:
         self.actor = actor
 
     def begin(self, slot: int, task: RolloutTask, version: int, env: Any) -> tuple[list[Callable], Callable | None]:
-        self.actor.begin(slot, task.noise, task.manager_seed(version), greedy=task.greedy, lead=task.lead(version))
+        self.actor.begin(slot, task.noise, task.manager_seed(version), greedy=task.greedy)
         return [], None
 
     def decide(self, slots: Sequence[int], decisions: Sequence[Decision]) -> list[Choice]:

@@ -259,13 +259,12 @@ class LLMActor(PolicyActor):
         self._stacks = None
 
     @torch.no_grad()
-    def begin(self, slot: int, noise: Any, seed: int, *, greedy: bool = False, lead: float | None = None) -> None:
+    def begin(self, slot: int, noise: Any, seed: int, *, greedy: bool = False) -> None:
         if noise.kind == "param" and noise.scale > 0 and not greedy:
             raise ValueError("the LLM manager explores by sampling; parameter noise is for the MLP manager "
                              "(roles.*_noise.kind: none, epsilon or temperature)")
         s = self.slots[slot]
         s.noise, s.greedy, s.tried, s.uniforms, s.perturbed = noise, greedy, {}, [], False
-        s.lead, s.width = (None if greedy else lead), 1.0
         s.generator.manual_seed(int(seed))
 
     def masked_logits(self, slots: Sequence[int], decisions: Sequence[Decision], features: Tensor, agent: Tensor,

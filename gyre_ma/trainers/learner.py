@@ -7,8 +7,6 @@ been warm-started — and nothing of the rollout side (the loop hands it batches
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +30,9 @@ CRITIC_KEYS = (B.FEATURES, B.STATE, B.AGENT, B.OPTION, B.RETURN)
 """What the critic's replay keeps of a row: both critics' inputs, the agent, the return
 (and the option, which only sizes the batch)."""
 
-POLICY_KEYS = (B.FEATURES, B.AGENT, B.MASK, B.OPTION, B.LOG_PROB, B.ADVANTAGE)
+POLICY_KEYS = (B.FEATURES, B.AGENT, B.MASK, B.OPTION, B.LOG_PROB, B.ADVANTAGE, B.RETURN)
 """What the policy's replay keeps of a decision: the policy's inputs, the choice, the
-behaviour's log-probability and the advantage."""
+behaviour's log-probability and the advantage (and the return, which sizes the ring)."""
 
 
 class Learner:
@@ -53,10 +51,9 @@ class Learner:
             policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef,
             reference=policy.frozen_copy() if llm is not None else None,
             ref_kl_coef=llm.ref_kl_coef if llm is not None else 0.0, importance_cap=t.importance_cap))
-        self.policy_replay: deque[B.Batch] = deque(maxlen=t.policy_replay)
-        """The decisions of the last ``train.policy_replay`` updates, oldest first, which the
-        manager also trains on."""
-        self.decoupled = t.proximal == "learner" or t.policy_replay > 0
+        self.policy_replay = RowReplay(t.policy_replay, POLICY_KEYS) if t.policy_replay > 0 else None
+        """Earlier updates' decisions the manager also trains on (None: ``train.policy_replay`` is 0)."""
+        self.decoupled = t.proximal == "learner" or self.policy_replay is not None
         self.critic_module = self.fitter.setup(
             CriticModule(critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
         self.lrs = (t.lr, t.critic_lr)
@@ -102,30 +99,17 @@ class Learner:
         if bool(choices.any()):
             decided = batch if bool(choices.all()) else {k: v[choices] for k, v in batch.items()}
             module = self.manager_module.module
-            rows, steps = self._with_replayed(decided), options
-            if rows is not decided:  # as many steps as the current batch alone takes, each on more rows
-                per_epoch = math.ceil(len(decided[B.OPTION]) / self.minibatch_size)
-                steps = options | {"minibatch_size": math.ceil(len(rows[B.OPTION]) / per_epoch)}
+            rows = _after_replay(self.policy_replay, decided)
             if module.reference is not None:  # once per update, before the epochs: the reference does not move
                 rows = rows | {B.REF_LOGITS: self._by_minibatch(rows, module.reference.batch_logits)}
             if self.decoupled:
                 rows = rows | {B.PROXIMAL_LOG_PROB: self._by_minibatch(rows, self._log_probs)}
-            metrics |= self.fitter.fit(self.manager_module, rows, **steps)
+            metrics |= self.fitter.fit(self.manager_module, rows, **options)
         metrics |= self.fitter.fit(self.critic_module, _after_replay(self.critic_replay, batch), **options)
         if self.replay is not None and bool(choices.any()):
             self.replay.add(decided)
             metrics |= self._imitate(decided[B.ADVANTAGE])
         return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
-
-    def _with_replayed(self, decided: B.Batch) -> B.Batch:
-        """The replayed updates' decisions, then ``decided``'s (:data:`POLICY_KEYS`), which then
-        join the replay; ``decided`` itself when the replay is off."""
-        if self.policy_replay.maxlen == 0:
-            return decided
-        rows = {k: v.detach().cpu() for k, v in decided.items() if k in POLICY_KEYS}
-        fit = {k: torch.cat([*(old[k] for old in self.policy_replay), v]) for k, v in rows.items()}
-        self.policy_replay.append(rows)
-        return fit
 
     def _imitate(self, advantages: torch.Tensor) -> dict[str, float]:
         """``epochs`` self-imitation steps on replayed decisions, drawn by how far their
@@ -174,7 +158,7 @@ class Learner:
                 "critic_initialised": self.critic_initialised} | (
                     {"self_imitation": self.replay.state_dict()} if self.replay is not None else {}) | (
                     {"critic_replay": self.critic_replay.state_dict()} if self.critic_replay is not None else {}) | (
-                    {"policy_replay": list(self.policy_replay)} if self.policy_replay.maxlen else {})
+                    {"policy_replay": self.policy_replay.state_dict()} if self.policy_replay is not None else {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
@@ -190,9 +174,8 @@ class Learner:
             self.replay.load_state_dict(state["self_imitation"])
         if self.critic_replay is not None and "critic_replay" in state:
             self.critic_replay.load_state_dict(state["critic_replay"])
-        if self.policy_replay.maxlen and "policy_replay" in state:
-            self.policy_replay.clear()
-            self.policy_replay.extend(state["policy_replay"])
+        if self.policy_replay is not None and "policy_replay" in state:
+            self.policy_replay.load_state_dict(state["policy_replay"])
 
 
 def _after_replay(replay: RowReplay | None, batch: B.Batch) -> B.Batch:

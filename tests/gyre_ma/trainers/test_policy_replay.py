@@ -4,10 +4,10 @@ it ÷ the behaviour that chose)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from gyre_ma import batch as B
 from gyre_ma.config import load_config, parse_config
@@ -25,16 +25,16 @@ def _decided(batch: B.Batch) -> B.Batch:
     return {k: v[choices] for k, v in batch.items()}
 
 
-def _updates(tmp_path, replay: int, n: int, **train) -> tuple[Gyre, list[B.Batch], list[list[B.Batch]]]:
-    """``n`` iterations' batches, each fitted; the minibatches each fit's PPO step saw."""
+def _two_updates(tmp_path, replay: int) -> tuple[Gyre, list[B.Batch], list[list[B.Batch]]]:
+    """Two iterations' batches, each fitted; the minibatches each fit's PPO step saw."""
     cfg = parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
-                        "train": {"policy_replay": replay, **train}})
+                        "train": {"policy_replay": replay}})
     gyre = Gyre(cfg)
     seen: list[list[B.Batch]] = []
     step = gyre.learner.manager_module.module.training_step
     gyre.learner.manager_module.module.training_step = lambda mb, i=0: seen[-1].append(dict(mb)) or step(mb, i)
     batches = []
-    for iteration in range(n):
+    for iteration in range(2):
         trajectories, _ = gyre.rollout(iteration)
         gyre.arbitrate(trajectories)
         batches.append(gyre.batch(trajectories))
@@ -43,37 +43,38 @@ def _updates(tmp_path, replay: int, n: int, **train) -> tuple[Gyre, list[B.Batch
     return gyre, batches, seen
 
 
-def _rows(mb: B.Batch) -> list[tuple]:
-    """Each decision as its key, behaviour log-probability and advantage (a group's episodes
-    share their first state, so the key alone does not tell two decisions apart)."""
-    return sorted((*_key(mb, i), float(mb[B.LOG_PROB][i]), float(mb[B.ADVANTAGE][i]))
-                  for i in range(len(mb[B.OPTION])))
-
-
-def test_the_next_update_trains_on_the_last_ones_decisions_as_they_were_chosen(tmp_path):
-    gyre, batches, seen = _updates(tmp_path, replay=1, n=3)
+def test_the_second_update_trains_on_the_first_ones_decisions_as_they_were_chosen(tmp_path):
+    gyre, batches, seen = _two_updates(tmp_path, replay=10_000)
     try:
-        first, second, third = (_decided(b) for b in batches)
-        assert _rows(seen[0][0]) == _rows(first)  # nothing to replay at the first update
-        assert _rows(seen[1][0]) == sorted(_rows(first) + _rows(second))  # one minibatch holds both (< 256)
-        assert _rows(seen[2][0]) == sorted(_rows(second) + _rows(third))  # one update back only
-        assert all(B.PROXIMAL_LOG_PROB in mb for fit in seen for mb in fit)  # replayed rows need the decoupled step
-        state = gyre.learner.state_dict()
-        assert _rows(state["policy_replay"][0]) == _rows(third)
-        gyre.learner.policy_replay.clear()
-        gyre.learner.load_state_dict(state)
-        assert _rows(gyre.learner.policy_replay[0]) == _rows(third)
+        first, second = (_decided(b) for b in batches)
+        epoch = seen[1][0]  # one minibatch holds both iterations' decisions (fewer than 256)
+        assert len(epoch[B.OPTION]) == len(first[B.OPTION]) + len(second[B.OPTION])
+        # every decision of both, each with the log-probability of the policy that chose it (a
+        # group's episodes share their first state, so a row is its key and that log-probability)
+        def rows(mb: B.Batch) -> list[tuple]:
+            return sorted((*_key(mb, i), float(mb[B.LOG_PROB][i]), float(mb[B.ADVANTAGE][i]))
+                          for i in range(len(mb[B.OPTION])))
+
+        assert rows(epoch) == sorted(rows(first) + rows(second))
+        assert B.PROXIMAL_LOG_PROB in epoch  # replayed rows need the decoupled step, so every row gets it
+        assert len(seen[0][0][B.OPTION]) == len(first[B.OPTION])  # nothing to replay at the first update
     finally:
         gyre.close()
 
 
-def test_an_update_with_replayed_decisions_takes_as_many_steps_as_without(tmp_path):
-    gyre, batches, seen = _updates(tmp_path, replay=3, n=3, minibatch_size=16, epochs=2)
+def test_the_replay_keeps_the_newest_decisions_and_travels_in_the_checkpoint(tmp_path):
+    gyre, batches, seen = _two_updates(tmp_path, replay=10)
     try:
-        decided = [len(_decided(b)[B.OPTION]) for b in batches]
-        for n, fit in zip(decided, seen, strict=True):
-            assert len(fit) == 2 * math.ceil(n / 16)
-        assert sum(len(mb[B.OPTION]) for mb in seen[2]) == 2 * sum(decided)  # two passes over all three batches
+        second = _decided(batches[1])
+        assert len(seen[1][0][B.OPTION]) == 10 + len(second[B.OPTION])
+        kept = gyre.learner.policy_replay.rows
+        assert len(kept[B.OPTION]) == 10
+        assert {_key(kept, i) for i in range(10)} <= {_key(second, i) for i in range(len(second[B.OPTION]))}
+        state = gyre.learner.state_dict()
+        assert torch.equal(state["policy_replay"]["rows"][B.OPTION], kept[B.OPTION])
+        gyre.learner.policy_replay.rows = {}
+        gyre.learner.load_state_dict(state)
+        assert torch.equal(gyre.learner.policy_replay.rows[B.ADVANTAGE], kept[B.ADVANTAGE])
     finally:
         gyre.close()
 

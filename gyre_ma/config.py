@@ -262,14 +262,6 @@ class TrainConfig(_Section):
     a little and costs a fifth more training time; on coverage it ranks assignments better,
     yet its success gain on run seeds 0-5 did not repeat on seeds 6-11, and 8192 does no
     better than 0, so it is off (``benchmarks/results/README.md``, sessions 23 and 24)."""
-    policy_replay: int = Field(0, ge=0)
-    """Decisions of earlier updates the manager's PPO step also trains on, the newest (a
-    ring, in the checkpoint), in the same passes as the current batch; 0: the current batch
-    only. Replayed decisions were chosen by older policies, so the step is decoupled PPO
-    (as ``proximal: learner``) for every row: clipped against the learner's policy before
-    the update and weighted by its probability ÷ the one that chose (capped at
-    ``importance_cap``). Each step's gradient then averages more decisions at no cost in
-    env steps."""
     self_imitation: float = Field(0.0, ge=0.0)
     """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
     each update also imitates replayed decisions whose return beat the critic's current value,
@@ -646,10 +638,6 @@ class ExperimentConfig(_Section):
             raise ValueError(f"`train.self_imitation` is {self.train.self_imitation}, but self-imitation replays the "
                              "MLP manager's decision features; the LLM manager (`manager.kind: llm`) has none: set "
                              "it to 0")
-        if self.train.policy_replay > 0:
-            raise ValueError(f"`train.policy_replay` is {self.train.policy_replay}, but the replay keeps the MLP "
-                             "manager's decision features; the LLM manager (`manager.kind: llm`) has none: set it "
-                             "to 0")
         if self.train.temperature_final != 1.0:
             raise ValueError(f"`train.temperature_final` is {self.train.temperature_final}, but the temperature "
                              "schedule scales the MLP manager's logits; the LLM manager (`manager.kind: llm`) has "

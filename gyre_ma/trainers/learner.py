@@ -30,10 +30,6 @@ CRITIC_KEYS = (B.FEATURES, B.STATE, B.AGENT, B.OPTION, B.RETURN)
 """What the critic's replay keeps of a row: both critics' inputs, the agent, the return
 (and the option, which only sizes the batch)."""
 
-POLICY_KEYS = (B.FEATURES, B.AGENT, B.MASK, B.OPTION, B.LOG_PROB, B.ADVANTAGE, B.RETURN)
-"""What the policy's replay keeps of a decision: the policy's inputs, the choice, the
-behaviour's log-probability and the advantage (and the return, which sizes the ring)."""
-
 
 class Learner:
     """PPO on the manager and value regression on the critic, ``train.epochs`` passes of
@@ -51,9 +47,7 @@ class Learner:
             policy, lr=t.lr, clip=t.clip, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef,
             reference=policy.frozen_copy() if llm is not None else None,
             ref_kl_coef=llm.ref_kl_coef if llm is not None else 0.0, importance_cap=t.importance_cap))
-        self.policy_replay = RowReplay(t.policy_replay, POLICY_KEYS) if t.policy_replay > 0 else None
-        """Earlier updates' decisions the manager also trains on (None: ``train.policy_replay`` is 0)."""
-        self.decoupled = t.proximal == "learner" or self.policy_replay is not None
+        self.decoupled = t.proximal == "learner"
         self.critic_module = self.fitter.setup(
             CriticModule(critic, lr=t.critic_lr, centralised=config.manager.centralised_critic))
         self.lrs = (t.lr, t.critic_lr)
@@ -99,17 +93,28 @@ class Learner:
         if bool(choices.any()):
             decided = batch if bool(choices.all()) else {k: v[choices] for k, v in batch.items()}
             module = self.manager_module.module
-            rows = _after_replay(self.policy_replay, decided)
             if module.reference is not None:  # once per update, before the epochs: the reference does not move
-                rows = rows | {B.REF_LOGITS: self._by_minibatch(rows, module.reference.batch_logits)}
+                decided = decided | {B.REF_LOGITS: self._by_minibatch(decided, module.reference.batch_logits)}
             if self.decoupled:
-                rows = rows | {B.PROXIMAL_LOG_PROB: self._by_minibatch(rows, self._log_probs)}
-            metrics |= self.fitter.fit(self.manager_module, rows, **options)
-        metrics |= self.fitter.fit(self.critic_module, _after_replay(self.critic_replay, batch), **options)
+                decided = decided | {B.PROXIMAL_LOG_PROB: self._by_minibatch(decided, self._log_probs)}
+            metrics |= self.fitter.fit(self.manager_module, decided, **options)
+        metrics |= self.fitter.fit(self.critic_module, self._critic_rows(batch), **options)
         if self.replay is not None and bool(choices.any()):
             self.replay.add(decided)
             metrics |= self._imitate(decided[B.ADVANTAGE])
         return metrics | {"update_step_size": parameter_step_size(before, self.policy.state_dict())}
+
+    def _critic_rows(self, batch: B.Batch) -> B.Batch:
+        """``batch``'s critic inputs and returns, after the replayed rows of earlier updates;
+        ``batch`` then joins the replay."""
+        if self.critic_replay is None:
+            return batch
+        keys = self.critic_replay.keys
+        rows = {k: v for k, v in batch.items() if k in keys}
+        old = self.critic_replay.rows
+        fit = {k: torch.cat([old[k], v.detach().cpu()]) for k, v in rows.items()} if old else rows
+        self.critic_replay.add(rows)  # after the copy: a full ring is overwritten in place
+        return fit
 
     def _imitate(self, advantages: torch.Tensor) -> dict[str, float]:
         """``epochs`` self-imitation steps on replayed decisions, drawn by how far their
@@ -157,8 +162,7 @@ class Learner:
                 "manager_optimizer": manager_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
                 "critic_initialised": self.critic_initialised} | (
                     {"self_imitation": self.replay.state_dict()} if self.replay is not None else {}) | (
-                    {"critic_replay": self.critic_replay.state_dict()} if self.critic_replay is not None else {}) | (
-                    {"policy_replay": self.policy_replay.state_dict()} if self.policy_replay is not None else {})
+                    {"critic_replay": self.critic_replay.state_dict()} if self.critic_replay is not None else {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
@@ -174,17 +178,3 @@ class Learner:
             self.replay.load_state_dict(state["self_imitation"])
         if self.critic_replay is not None and "critic_replay" in state:
             self.critic_replay.load_state_dict(state["critic_replay"])
-        if self.policy_replay is not None and "policy_replay" in state:
-            self.policy_replay.load_state_dict(state["policy_replay"])
-
-
-def _after_replay(replay: RowReplay | None, batch: B.Batch) -> B.Batch:
-    """``replay``'s rows of earlier updates, then ``batch``'s (``replay``'s keys only);
-    ``batch`` then joins the replay. No replay: ``batch`` as it is."""
-    if replay is None:
-        return batch
-    rows = {k: v for k, v in batch.items() if k in replay.keys}
-    old = replay.rows
-    fit = {k: torch.cat([old[k], v.detach().cpu()]) for k, v in rows.items()} if old else rows
-    replay.add(rows)  # after the copy: a full ring is overwritten in place
-    return fit

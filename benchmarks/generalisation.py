@@ -118,10 +118,10 @@ def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = No
 
 @contextlib.contextmanager
 def trained(name: str, seed: int, iterations: int | None, overrides: dict[str, Any] | None = None,
-            on_iteration: Callable[[dict[str, float]], None] | None = None) -> Iterator[tuple[Any, float]]:
+            on_iteration: Callable[[Any, int, dict[str, float]], None] | None = None) -> Iterator[tuple[Any, float]]:
     """The default learner trained on ``name`` with run seed ``seed`` (one torch thread),
-    as ``(gyre, training seconds)``; closed on leaving. ``on_iteration`` sees each
-    iteration's metrics. Its run directory (checkpoints) is a temporary one, removed on leaving."""
+    as ``(gyre, training seconds)``; closed on leaving. ``on_iteration(gyre, i, metrics)`` is
+    called after each iteration. Its run directory (checkpoints) is a temporary one, removed on leaving."""
     import torch
 
     from gyre_ma.loop import Gyre
@@ -135,7 +135,7 @@ def trained(name: str, seed: int, iterations: int | None, overrides: dict[str, A
             for i in range(cfg.train.iterations):
                 metrics = gyre.iteration(i)
                 if on_iteration is not None:
-                    on_iteration(metrics)
+                    on_iteration(gyre, i, metrics)
             yield gyre, time.perf_counter() - start
         finally:
             gyre.close()
@@ -148,7 +148,7 @@ def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
 
     curve: list[dict[str, Any]] = []
 
-    def record(m: dict[str, float]) -> None:
+    def record(gyre: Any, i: int, m: dict[str, float]) -> None:
         curve.append({k: m.get(k) for k in ("env_steps", "success_rate", "validation/sampled_success",
                                              "validation/greedy_success", "episode_length")})
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -25,35 +23,26 @@ import numpy as np
 
 
 def run(name: str, seed: int, iterations: int | None, windows: list[float], eval_seeds: list[int]) -> dict[str, Any]:
-    import torch
-
-    from gyre_ma.loop import Gyre
     from gyre_ma.roles import evaluation_tasks
     from gyre_ma.trainers.averaging import TailAverage
 
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="gyre-tail-windows-") as root:
-        cfg = G.config(name, seed, iterations, {"train.average_last": 0.0}, run_root=root)
-        n = cfg.train.iterations
-        gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
-        averages = {w: TailAverage() for w in windows}
-        try:
-            for i in range(n):
-                gyre.iteration(i)
-                for w, average in averages.items():
-                    if i >= n - int(w * n):  # train.average_start's rule
-                        average.add(gyre.policy)
-            last = copy.deepcopy(gyre.policy.state_dict())
-            out = {}
-            for k, window in enumerate(["last", *windows]):
-                gyre.policy.load_state_dict(last)
-                if window != "last":
-                    averages[window].load_into(gyre.policy)
-                out[str(window)] = {mode: G._summary(gyre.backend.collect(
-                    gyre.weights(), gyre.version + 1 + k, evaluation_tasks(eval_seeds, greedy=greedy)))
-                    for mode, greedy in (("sampled", False), ("greedy", True))}
-        finally:
-            gyre.close()
+    averages = {w: TailAverage() for w in windows}
+
+    def add(gyre: Any, i: int, metrics: dict[str, float]) -> None:
+        for w, average in averages.items():  # from where train.average_last = w would start averaging
+            if i >= gyre.config.train.model_copy(update={"average_last": w}).average_start:
+                average.add(gyre.policy)
+
+    with G.trained(name, seed, iterations, {"train.average_last": 0.0}, add) as (gyre, _):
+        last = copy.deepcopy(gyre.policy.state_dict())
+        out = {}
+        for k, window in enumerate(["last", *windows]):
+            gyre.policy.load_state_dict(last)
+            if window != "last":
+                averages[window].load_into(gyre.policy)
+            out[str(window)] = {mode: G._summary(gyre.backend.collect(
+                gyre.weights(), gyre.version + 1 + k, evaluation_tasks(eval_seeds, greedy=greedy)))
+                for mode, greedy in (("sampled", False), ("greedy", True))}
     return out
 
 

@@ -1,10 +1,12 @@
 """Wall time of ``gyre-ma`` commands that should not pay for torch, Lightning or Ray.
 
 ``python benchmarks/cli_startup.py [--repeats 5]`` runs, each in a fresh subprocess,
-``gyre-ma --help``, ``gyre-ma train --help``, ``gyre-ma check configs/quickstart.yaml``
-and, for reference, ``python -c "import torch"``; it reports the median and the spread
-of the wall times and which of torch/lightning/ray each command imported (a ``-X
-importtime`` run, counted apart). Prints one JSON object.
+``gyre-ma --help``, ``gyre-ma train --help``, ``gyre-ma check configs/quickstart.yaml``,
+``gyre-ma eval`` of a quickstart checkpoint on one episode (it needs torch, not the
+learner's Lightning; the checkpoint comes from an untimed one-iteration run) and, for
+reference, ``python -c "import torch"`` and ``"import lightning"``; it reports the median
+and the spread of the wall times and which of torch/lightning/ray each command imported (a
+``-X importtime`` run, counted apart). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +29,15 @@ CASES = {
     "train_help": [*CLI, "train", "--help"],
     "check_quickstart": [*CLI, "check", "configs/quickstart.yaml"],
     "import_torch": [sys.executable, "-c", "import torch"],
+    "import_lightning": [sys.executable, "-c", "import lightning"],
 }
+
+
+def eval_case(root: Path) -> list[str]:
+    """``gyre-ma eval`` of one episode, on the checkpoint of a one-iteration quickstart run in ``root``."""
+    subprocess.run([*CLI, "train", "configs/quickstart.yaml", "--iterations", "1", "--quiet", "--run-root", str(root)],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return [*CLI, "eval", str(root / "quickstart" / "checkpoints" / "final.pt"), "--episodes", "1"]
 
 
 def wall_time(cmd: list[str]) -> float:
@@ -50,11 +61,13 @@ def main() -> None:
     args = parser.parse_args()
     out: dict[str, object] = {"benchmark": "cli_startup", "target_help_s": 1.0, "repeats": args.repeats,
                               "load_average_1min": os.getloadavg()[0]}
-    for name, cmd in CASES.items():
-        wall_time(cmd)  # warm the file cache
-        times = [wall_time(cmd) for _ in range(args.repeats)]
-        out[name] = {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
-                     "max_s": round(max(times), 3), "imports": heavy_imports(cmd)}
+    with tempfile.TemporaryDirectory(prefix="gyre-cli-startup-") as root:
+        cases = CASES | {"eval_quickstart_1_episode": eval_case(Path(root))}
+        for name, cmd in cases.items():
+            wall_time(cmd)  # warm the file cache
+            times = [wall_time(cmd) for _ in range(args.repeats)]
+            out[name] = {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
+                         "max_s": round(max(times), 3), "imports": heavy_imports(cmd)}
     print(json.dumps(out))
 
 

@@ -316,8 +316,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import code_references, parse_config
     from gyre_ma.files import write_json
-    from gyre_ma.loop import Gyre
     from gyre_ma.metrics import episode_metrics, wilson_interval
+    from gyre_ma.player import Player
     from gyre_ma.roles import evaluation_tasks
 
     if args.episodes < 1:
@@ -338,15 +338,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if references:
             console.print(f"trusting the config stored in {path}: it imports "
                           + ", ".join(f"{k}={v!r}" for k, v in references), markup=False, soft_wrap=True)
-    gyre = Gyre(config)
-    gyre.load_state_dict(state)
     tasks = evaluation_tasks(range(args.seed, args.seed + args.episodes), greedy=args.greedy, stream=args.stream)
-    try:
-        trajectories = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
-    finally:
-        gyre.close()
-    metrics = episode_metrics(trajectories, gyre.library.graph.names)
-    metrics |= gyre.arbitrate(trajectories)
+    with Player(config, state) as player:
+        trajectories = player.play(tasks)
+    names = player.library.graph.names
+    metrics = episode_metrics(trajectories, names)
+    metrics |= player.arbitrate(trajectories)
     low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
     metrics |= {"success_ci95_low": low, "success_ci95_high": high}
     mode = "greedy" if args.greedy else "sampled"
@@ -364,7 +361,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
     table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}")
     table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
-    for m in gyre.library.graph.names:
+    for m in names:
         table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
     for key in sorted(k for k in metrics if k.startswith("reward/")):
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")

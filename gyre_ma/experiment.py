@@ -482,25 +482,20 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
     ``seed``, sampled and greedy; writes and returns ``eval.json``. The run's own config is
     used: the experiment wrote it from the user's base config."""
     from gyre_ma.checkpoints import load_checkpoint
-    from gyre_ma.loop import Gyre
     from gyre_ma.metrics import heldout_result
+    from gyre_ma.player import Player
     from gyre_ma.roles import evaluation_tasks
 
     config = load_config(run_dir / "config.yaml")
     path = run_dir / "checkpoints" / f"{checkpoint}.pt"
     if not path.is_file():
         path = run_dir / "checkpoints" / "final.pt"  # no validation ran, so no best
-    gyre = Gyre(config)
-    gyre.load_state_dict(load_checkpoint(path))
     out: dict[str, Any] = {"checkpoint": path.name, "episodes": episodes, "first_seed": seed}
-    try:
+    with Player(config, load_checkpoint(path)) as player:
         for mode, greedy in (("sampled", False), ("greedy", True)):
-            tasks = evaluation_tasks(range(seed, seed + episodes), greedy=greedy)
-            played = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
+            played = player.play(evaluation_tasks(range(seed, seed + episodes), greedy=greedy))
             out[mode] = heldout_result([(t.success, t.length) for t in played]) | {
                 "option_calls": sum(len(t.calls) for t in played) / len(played)}
-    finally:
-        gyre.close()
     write_json(run_dir / EVAL_FILE, out)
     return out
 

@@ -24,7 +24,7 @@ from gyre_ma.checkpoints import ValidationDecision, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
 from gyre_ma.metrics import anchor_metrics, episode_metrics
-from gyre_ma.rewards.scorer import RewardScorer, apply_breakdowns
+from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
 from gyre_ma.stability import Stability
@@ -107,9 +107,7 @@ class Gyre:
     def arbitrate(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """C, first half: every call's reward becomes its arbitrated, verified total
         (guard veto > outcome > milestones and rules > PRM), its breakdown kept on it."""
-        scored = self.rewards.score(trajectories, iteration=self.next_iteration)
-        apply_breakdowns(trajectories, scored.breakdowns, gamma=self.config.credit.gamma, graph=self.library.graph)
-        return scored.metrics
+        return self.rewards.arbitrate(trajectories, iteration=self.next_iteration, gamma=self.config.credit.gamma)
 
     def batch(self, trajectories: list[Trajectory]) -> B.Batch:
         """B and C: the trajectories segmented at verified milestones and scored into one

@@ -5,7 +5,7 @@ its :class:`RewardBreakdown`.
 - :mod:`.breakdown` — RewardBreakdown, the per-call record;
 - :mod:`.milestones` — first-verified milestone rewards from task-graph weights;
 - :mod:`.rules` — the rule engine (process rules and guards over env state);
-- :mod:`.prm` — the learned process reward model and its Lightning trainer;
+- :mod:`.prm` — the learned process reward model (its Lightning trainer: :mod:`gyre_ma.trainers.prm`);
 - :mod:`.arbiter` — RewardConfig (with PRMConfig, so a config loads without torch) and the arbitration;
 - :mod:`.drift` — PRM/outcome agreement and the weight cut;
 - :mod:`.alarms` — reward-hacking alarms;
@@ -26,7 +26,7 @@ _SOURCES = {
     "breakdown": ("RewardBreakdown", "summarize"),
     "drift": ("DriftConfig", "DriftMonitor", "DriftStatus", "agreement", "auc", "spearman"),
     "milestones": ("first_verified", "milestone_rewards"),
-    "prm": ("PRMModule", "ProcessRewardModel", "prm_labels", "prm_rewards"),
+    "prm": ("ProcessRewardModel", "prm_labels", "prm_rewards"),
     "rules": ("Rule", "RuleContext", "RuleEngine", "RuleResults", "RuleSpec",
               "default_snapshot", "extended_snapshot", "load_rules", "rule_metrics", "state_check"),
     "scorer": ("RewardScorer", "Scored", "apply_breakdowns"),
@@ -35,7 +35,7 @@ _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in nam
 
 __all__ = [
     "Alarm", "AlarmConfig", "DriftConfig", "DriftMonitor", "DriftStatus",
-    "HackingMonitor", "PRMConfig", "PRMModule", "ProcessRewardModel",
+    "HackingMonitor", "PRMConfig", "ProcessRewardModel",
     "RewardBreakdown", "RewardConfig", "RewardScorer", "Rule", "RuleContext", "RuleEngine",
     "RuleResults", "RuleSpec", "Scored", "agreement", "apply_breakdowns", "auc",
     "calls_without_completion", "default_snapshot", "extended_snapshot", "first_verified", "load_rules",

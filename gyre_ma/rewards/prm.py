@@ -6,19 +6,17 @@ predicts two probabilities: ``progress`` — a milestone is first verified durin
 (its segment reaches a milestone) — and ``success`` — the episode verifies its goal. Its
 score is their mean. The arbiter pays it last and least (see :mod:`.arbiter`): centred
 on the batch so it only ranks calls and never adds net reward, and weighted by at most
-``prm_weight_cap``, cut further by the drift monitor (:mod:`.drift`).
+``prm_weight_cap``, cut further by the drift monitor (:mod:`.drift`). Its trainer,
+:class:`~gyre_ma.trainers.prm.PRMModule`, lives with the other Lightning modules, so that a run
+without a PRM (the default) can score and play without importing Lightning.
 """
 
 from __future__ import annotations
 
-import math
-
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gyre_ma import batch as B
 from gyre_ma.rewards.arbiter import PRMConfig  # noqa: F401 (re-export: defined there so a config loads without torch)
 from gyre_ma.rewards.milestones import first_verified
 from gyre_ma.rollout import Trajectory
@@ -77,33 +75,3 @@ def prm_rewards(scores: Tensor, *, weight: float) -> Tensor:
     if scores.numel() == 0 or weight == 0.0:
         return torch.zeros_like(scores)
     return weight * (scores - scores.mean())
-
-
-class PRMModule(L.LightningModule):
-    """Binary cross-entropy on both heads; manual optimisation like the other trainers.
-
-    Batch keys: ``FEATURES`` [N, F], ``OPTION`` [N], ``PROGRESS`` [N], ``SUCCESS`` [N].
-    """
-
-    def __init__(self, model: ProcessRewardModel, *, lr: float, max_grad_norm: float = 1.0) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.model = model
-        self.lr = lr
-        self.max_grad_norm = max_grad_norm
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.model.parameters(), lr=self.lr)
-
-    def training_step(self, batch: B.Batch, batch_idx: int = 0) -> dict[str, float]:
-        opt = self.optimizers()
-        logits = self.model(batch[B.FEATURES], batch[B.OPTION])
-        target = torch.stack([batch[B.PROGRESS], batch[B.SUCCESS]], dim=-1)
-        loss = F.binary_cross_entropy_with_logits(logits, target)
-        if not torch.isfinite(loss):
-            return {"prm_loss": math.nan, "prm_skipped": 1.0}
-        opt.zero_grad()
-        self.manual_backward(loss)
-        self.fabric.clip_gradients(self, opt, max_norm=self.max_grad_norm, error_if_nonfinite=False)
-        opt.step()
-        return {"prm_loss": loss.item(), "prm_skipped": 0.0}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from gyre_ma.rewards.alarms import Alarm, HackingMonitor
 from gyre_ma.rewards.arbiter import RewardConfig, check_prm_cap, score_trajectory
 from gyre_ma.rewards.breakdown import RewardBreakdown, summarize
 from gyre_ma.rewards.drift import DriftMonitor
-from gyre_ma.rewards.prm import PRMModule, ProcessRewardModel, prm_labels, prm_rewards
+from gyre_ma.rewards.prm import ProcessRewardModel, prm_labels, prm_rewards
 from gyre_ma.rewards.rules import (
     Rule,
     RuleEngine,
@@ -38,7 +38,10 @@ from gyre_ma.rewards.rules import (
     rule_metrics,
 )
 from gyre_ma.rollout import OptionCall, Trajectory
-from gyre_ma.trainers.fit import Fitter
+
+if TYPE_CHECKING:  # Lightning is imported only where a PRM is trained
+    from gyre_ma.trainers.fit import Fitter
+    from gyre_ma.trainers.prm import PRMModule
 
 
 @dataclass
@@ -107,6 +110,9 @@ class RewardScorer:
             with torch.random.fork_rng(devices=[]):  # seeded init, global RNG stream untouched
                 torch.manual_seed(seed)
                 self.prm = ProcessRewardModel(feature_dim, n_options, hidden=config.prm.hidden)
+            from gyre_ma.trainers.fit import Fitter
+            from gyre_ma.trainers.prm import PRMModule
+
             self.fitter = fitter or Fitter()
             self.prm_module = self.fitter.setup(PRMModule(self.prm, lr=config.prm.lr))
 
@@ -210,6 +216,14 @@ class RewardScorer:
         return self.monitor.update(metrics, iteration)
 
     # ------------------------------------------------------------------ checkpoints
+    def arbitrate(self, trajectories: Sequence[Trajectory], *, iteration: int | None = None, gamma: float,
+                  train: bool = True) -> dict[str, float]:
+        """:meth:`score`, then each call's reward set to its arbitrated total
+        (:func:`apply_breakdowns` with ``credit.gamma``); returns the reward metrics."""
+        scored = self.score(trajectories, iteration=iteration, train=train)
+        apply_breakdowns(trajectories, scored.breakdowns, gamma=gamma, graph=self.graph)
+        return scored.metrics
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"rules": self.engine.state_dict(), "drift": self.drift.state_dict(),
                                  "alarms": self.monitor.state_dict(), "prm_updates": self.prm_updates}

@@ -114,9 +114,13 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path, capsys):
     ckpt = run_dir / "checkpoints" / "final.pt"
     # 16 episodes are too few to judge (checkpoints.min_validation_episodes): no best yet
     assert {"latest.pt", "final.pt"} <= {p.name for p in (run_dir / "checkpoints").iterdir()}
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "eval", str(ckpt), "--episodes", "3", "--trust-config",
-                          "--json", str(tmp_path / "eval.json")], capture_output=True, text=True, timeout=300)
+    # eval plays the checkpoint without the learner: Lightning (3 s of imports) stays out
+    probe = (f"import sys\nfrom gyre_ma.cli import main\ncode = main(['eval', {str(ckpt)!r}, '--episodes', '3', "
+             f"'--trust-config', '--json', {str(tmp_path / 'eval.json')!r}])\n"
+             "print('code', code, 'lightning imported', 'lightning' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    assert "code 0 lightning imported False" in out.stdout, out.stdout[-500:]
     assert "verified completion" in out.stdout and "milestone has_key" in out.stdout and "95 % CI" in out.stdout
     result = json.loads((tmp_path / "eval.json").read_text())
     assert 0.0 <= result["success_rate"] <= 1.0 and result["episode_length"] > 0
@@ -147,6 +151,27 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path, capsys):
     assert code == 2 and "no metrics.csv" in err
     code, err = cli("eval", str(tmp_path / "nope.pt"))
     assert code == 2 and "does not exist" in err and "Traceback" not in err
+
+
+def test_a_player_plays_and_prices_a_checkpoint_as_the_learner_that_wrote_it():
+    from gyre_ma.player import Player
+    from gyre_ma.roles import evaluation_tasks
+
+    gyre, _ = run(DOORKEY, 2, **{"checkpoints.enabled": False})
+    tasks = evaluation_tasks(range(500, 506), greedy=False) + evaluation_tasks(range(500, 503), greedy=True)
+    expected = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
+    with Player(gyre.config, gyre.state_dict()) as player:
+        played = player.play(tasks)
+        assert player.version == gyre.version == 2
+        assert player.arbitrate(played) == gyre.arbitrate(expected)
+
+    def trace(trajectories):
+        return [(t.success, t.length, [(c.option, c.log_prob, c.value, c.reward) for c in t.calls])
+                for t in trajectories]
+
+    assert trace(played) == trace(expected)
+    with pytest.raises(ValueError, match=r"checkpoint has no \['critic'\]"):
+        Player(gyre.config, {"policy": gyre.policy.state_dict(), "version": 0})
 
 
 def test_a_rule_broken_in_a_rollout_worker_stops_the_run_naming_it():

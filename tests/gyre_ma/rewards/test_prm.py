@@ -12,9 +12,10 @@ from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.workflow import parallel_env
 from gyre_ma.rewards.drift import auc
 from gyre_ma.rewards.milestones import first_verified
-from gyre_ma.rewards.prm import PRMConfig, PRMModule, ProcessRewardModel, prm_labels, prm_rewards
+from gyre_ma.rewards.prm import PRMConfig, ProcessRewardModel, prm_labels, prm_rewards
 from gyre_ma.rollout import run_episode
 from gyre_ma.trainers.fit import Fitter
+from gyre_ma.trainers.prm import PRMModule
 
 
 def synthetic(n: int, seed: int) -> B.Batch:

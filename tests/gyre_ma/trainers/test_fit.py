@@ -7,10 +7,11 @@ from lightning.fabric import is_wrapped
 from gyre_ma import batch as B
 from gyre_ma.agents.manager import Critic
 from gyre_ma.config import TrainerConfig, parse_config
-from gyre_ma.rewards.prm import PRMModule, ProcessRewardModel
+from gyre_ma.rewards.prm import ProcessRewardModel
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
 from gyre_ma.trainers.losses import value_loss
+from gyre_ma.trainers.prm import PRMModule
 
 
 def critic_batch(n: int, seed: int = 0) -> B.Batch:

@@ -401,6 +401,45 @@ def _eval_target(args: argparse.Namespace) -> tuple[Path, Any]:
     return target, config
 
 
+def cmd_pretrain_option(args: argparse.Namespace) -> int:
+    import torch
+
+    from gyre_ma.config import load_config
+    from gyre_ma.envs.registry import make_env, make_library, make_oracle
+    from gyre_ma.pretrain import pretrain_option
+
+    for key in ("episodes", "batch_episodes"):
+        if getattr(args, key) < 1:
+            raise UsageError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    config = load_config(args.config, set_overrides(args.set))
+    out = Path(args.out)
+    if out.suffix != ".pt":
+        raise UsageError(f"--out: expected a .pt file, got {args.out!r}")
+    torch.set_num_threads(1)
+    env = make_env(config.env.id, **config.env.kwargs)
+    library = make_library(config.env.id, env, config.library, config.library_kwargs)
+    guide = make_oracle(config.env.id, env, library, config.manager.policy) if args.guide == "oracle" else None
+    shown = max(1, (args.episodes // args.batch_episodes) // 10)
+    table = Table(title=f"pre-training option {args.option!r} on {config.env.id} ({args.episodes} episodes)")
+    for column in ("episodes", "calls", "success", "steps", "entropy"):
+        table.add_column(column, justify="right")
+
+    def show(row: dict[str, float]) -> None:
+        if len(result_rows) % shown == 0 or row["episodes"] >= args.episodes:
+            table.add_row(f"{row['episodes']:.0f}", f"{row['calls']:.0f}", f"{row['success']:.2f}",
+                          f"{row['steps']:.1f}", f"{row['entropy']:.2f}")
+        result_rows.append(row)
+
+    result_rows: list[dict[str, float]] = []
+    result = pretrain_option(env, library, args.option, episodes=args.episodes, batch_episodes=args.batch_episodes,
+                             lr=args.lr, guide=guide, seed=args.seed, hidden=args.hidden, on_batch=show)
+    result.policy.save(out)
+    console.print(table)
+    console.print(f"wrote {out}: declare it in the library as kind: neural, neural: {{weights: {out}}}",
+                  markup=False, soft_wrap=True)
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from gyre_ma.monitor import plot_run
 
@@ -466,7 +505,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": cmd_check, "graph": cmd_graph, "train": cmd_train, "eval": cmd_eval, "plot": cmd_plot,
-    "experiment": cmd_experiment, "report": cmd_report,
+    "experiment": cmd_experiment, "report": cmd_report, "pretrain-option": cmd_pretrain_option,
 }
 
 
@@ -504,6 +543,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling stream: any two policies evaluated on the same seeds and stream draw the same "
                         "random numbers, so their figures differ by their choices alone (default 0)")
     p.add_argument("--json", help="also write the metrics as JSON here")
+    p = sub.add_parser("pretrain-option", help="train a neural option's sub-policy on its own milestone")
+    p.add_argument("config", help="config YAML: the env (e.g. an easier variant, through --set) and the library")
+    p.add_argument("--option", required=True, help="the option to train (its milestone is the reward)")
+    p.add_argument("--out", required=True, help="where to write its weights (.pt)")
+    p.add_argument("--episodes", type=int, default=2000, help="episodes to play")
+    p.add_argument("--batch-episodes", type=int, default=16, help="episodes per update")
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam step size")
+    p.add_argument("--hidden", type=int, default=64, help="width of its two hidden layers")
+    p.add_argument("--guide", choices=["random", "oracle"], default="random",
+                   help="who chooses the other options: a random eligible one, or the env's oracle (manager.policy)")
+    p.add_argument("--seed", type=int, default=0, help="first task seed; also seeds the weights")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
     p = sub.add_parser("plot", help="draw a run's learning curves and milestone rates to PNG")
     p.add_argument("run_dir", help="a run directory written by gyre-ma train")
     p.add_argument("--out", help="PNG path (default RUN_DIR/curves.png)")

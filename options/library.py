@@ -18,10 +18,10 @@ from gyre_ma.options.yaml_file import read_yaml
 
 _OPTION_KEYS = {
     "name", "milestone", "policy", "initiation", "done", "failure", "max_steps", "repeatable",
-    "exclusive", "description", "kind", "llm",
+    "exclusive", "description", "kind", "llm", "neural",
 }
 _CALLABLE_KEYS = ("policy", "initiation", "done", "failure")
-OPTION_KINDS = {"llm": "gyre_ma.llm.option:policy_from_spec"}
+OPTION_KINDS = {"llm": "gyre_ma.llm.option:policy_from_spec", "neural": "gyre_ma.agents.subpolicy:policy_from_spec"}
 """Option kinds a library YAML may declare besides plain callables → the builder of their
 sub-policy from the entry's mapping (named by reference: the options layer does not import
 the layers above it)."""
@@ -201,18 +201,21 @@ class OptionLibrary:
             if bad:
                 raise ValueError(f"{at}: unknown key(s) {sorted(bad)}; accepted: {sorted(_OPTION_KEYS)}")
             kind = raw.get("kind", "callable")
-            if kind not in ("callable", "llm"):
-                raise ValueError(f"{at}.kind: expected 'callable' (a policy: module:callable) or 'llm', got {kind!r}")
-            if kind == "llm":
-                if "name" not in raw or "llm" not in raw or "policy" in raw:
-                    raise ValueError(f"{at}: an option of kind 'llm' needs 'name' and 'llm' (its model and "
-                                     "prompt), and no 'policy'")
-                build = resolve(OPTION_KINDS["llm"], f"{at}.kind")
-                raw = {k: v for k, v in raw.items() if k not in ("kind", "llm")} | {
-                    "policy": build(raw["llm"], name=str(raw["name"]), milestone=raw.get("milestone"),
-                                    graph=graph, where=f"{at}.llm")}
-            elif "llm" in raw:
-                raise ValueError(f"{at}: 'llm' is for options of kind 'llm'; add kind: llm")
+            if kind != "callable" and kind not in OPTION_KINDS:
+                raise ValueError(f"{at}.kind: expected 'callable' (a policy: module:callable), 'llm' or 'neural', "
+                                 f"got {kind!r}")
+            if kind in OPTION_KINDS:
+                what = {"llm": "its model and prompt", "neural": "its saved weights"}[kind]
+                if "name" not in raw or kind not in raw or "policy" in raw:
+                    raise ValueError(f"{at}: an option of kind {kind!r} needs 'name' and {kind!r} ({what}), "
+                                     "and no 'policy'")
+                build = resolve(OPTION_KINDS[kind], f"{at}.kind")
+                raw = {k: v for k, v in raw.items() if k not in ("kind", kind)} | {
+                    "policy": build(raw[kind], name=str(raw["name"]), milestone=raw.get("milestone"),
+                                    graph=graph, where=f"{at}.{kind}")}
+            for other in OPTION_KINDS:
+                if other in raw:
+                    raise ValueError(f"{at}: {other!r} is for options of kind {other!r}; add kind: {other}")
             if "name" not in raw or "policy" not in raw:
                 raise ValueError(f"{at}: 'name' and 'policy' are required")
             kwargs = {k: v for k, v in raw.items() if k != "kind"}

@@ -1,0 +1,175 @@
+"""Pre-training a neural option on its own milestone, before the manager learns to order it.
+
+:func:`pretrain_option` plays whole episodes of the task in which a *drill* manager
+chooses the option being trained whenever it is eligible for an agent (other choices: a
+``guide`` manager's, e.g. an oracle, or a uniformly random eligible option), so its calls
+start where the manager would start them: after the prerequisites its task graph names.
+Each call of the option is one trial: it succeeds when its call verifies the option's
+milestone (a repeatable option without one: when it ends by its ``done`` condition), and
+a call whose milestone another agent verified first is no trial at all; a success
+scores ``1 - length_weight * steps / max_steps`` then, 0 otherwise, so shorter successes
+score higher. The network (:class:`~gyre_ma.agents.subpolicy.NeuralSubPolicy`) samples its
+actions while it trains and is updated by REINFORCE with the batch's mean score as the
+baseline and an entropy bonus, one Adam step per batch of episodes. Everything is seeded:
+the same arguments give the same weights.
+
+The trained sub-policy is returned unfrozen-in-name only: it acts greedily unless built with
+``sample``; save it (:meth:`~gyre_ma.agents.subpolicy.NeuralSubPolicy.save`) and declare it
+in the library the manager trains over (``kind: neural``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from gyre_ma.agents.subpolicy import NeuralSubPolicy, for_space
+from gyre_ma.options.decision import Choice, Decision, Manager
+from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.option import OptionContext, Termination
+from gyre_ma.rollout import OptionCall, run_episode
+
+
+@dataclass
+class PretrainResult:
+    policy: NeuralSubPolicy
+    history: list[dict[str, float]] = field(default_factory=list)
+    """Per batch: ``calls`` of the option, their ``success`` rate and mean ``steps``, the
+    mean ``score``, the policy's mean ``entropy`` over its steps, and ``episodes`` so far."""
+
+
+class _Trials:
+    """The option's sub-policy while it trains: samples from the network with the call's
+    generator and keeps each call's (features, action) steps until the call ends."""
+
+    def __init__(self, policy: NeuralSubPolicy) -> None:
+        self.policy = policy
+        self.open: dict[str, list[tuple[np.ndarray, int]]] = {}
+        """Agent → the steps of its call in progress."""
+        self.__name__ = self.__qualname__ = f"training:{policy.name}"
+
+    @torch.inference_mode()
+    def __call__(self, ctx: OptionContext) -> int:
+        x = self.policy.features(ctx)
+        probs = torch.softmax(self.policy.logits(x).double(), -1).numpy()
+        action = int(min(np.searchsorted(np.cumsum(probs), ctx.rng.random() * probs.sum()), len(probs) - 1))
+        if ctx.steps == 0:
+            self.open[ctx.agent] = []
+        self.open.setdefault(ctx.agent, []).append((x, action))
+        return self.policy.start + action
+
+
+class _Drill:
+    """Chooses ``target`` whenever it is eligible; otherwise asks ``guide`` (or picks a
+    uniformly random eligible option with its own seeded generator)."""
+
+    def __init__(self, target: int, guide: Manager | None, seed: int) -> None:
+        self.target, self.guide, self.rng = target, guide, np.random.default_rng(seed)
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        out = []
+        for d in decisions:
+            if d.mask[self.target]:
+                out.append(Choice(self.target))
+            elif self.guide is not None:
+                out.append(self.guide.decide([d])[0])
+            else:
+                out.append(Choice(int(self.rng.choice(np.flatnonzero(d.mask)))))
+        return out
+
+    def episode_start(self, env: Any, seed: int) -> None:
+        if self.guide is not None and callable(getattr(self.guide, "episode_start", None)):
+            self.guide.episode_start(env, seed)
+
+    def option_end(self, call: OptionCall, env: Any) -> None:
+        if self.guide is not None and callable(getattr(self.guide, "option_end", None)):
+            self.guide.option_end(call, env)
+
+
+def pretrain_option(env: Any, library: OptionLibrary, option: str, *, policy: NeuralSubPolicy | None = None,
+                    episodes: int = 2000, batch_episodes: int = 16, lr: float = 3e-3, entropy_coef: float = 0.01,
+                    length_weight: float = 0.5, guide: Manager | None = None, seed: int = 0, hidden: int = 64,
+                    max_steps: int | None = None,
+                    on_batch: Callable[[dict[str, float]], None] | None = None) -> PretrainResult:
+    """Train a neural sub-policy for ``library``'s option ``option`` on ``env`` (a gyre env:
+    the task the option will serve in, or an easier variant of it). ``policy``: the network
+    to train (default: a new one shaped for the first agent's spaces, ``hidden`` wide).
+    ``episodes`` in batches of ``batch_episodes``; task seeds ``seed, seed + 1, ...``.
+    ``max_steps`` caps each episode's primitive steps (default: the env's own)."""
+    if option not in library.names:
+        raise ValueError(f"pretrain_option: library {library.name!r} has no option {option!r}; "
+                         f"options: {library.names}")
+    for key, value in (("episodes", episodes), ("batch_episodes", batch_episodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"pretrain_option: {key} must be an int >= 1, got {value!r}")
+    if not 0.0 <= length_weight < 1.0:
+        raise ValueError(f"pretrain_option: length_weight must be in [0, 1), got {length_weight!r}")
+    target = library.index(option)
+    spec = library[target]
+    agent = env.possible_agents[0]
+    if policy is None:
+        policy = for_space(env.observation_space(agent), env.action_space(agent), name=option, hidden=hidden,
+                           seed=seed)
+    trials = _Trials(policy)
+    drill_library = OptionLibrary(library.name, library.graph,
+                                  [dataclasses.replace(o, policy=trials) if o.name == option else o for o in library])
+    drill = _Drill(target, guide, seed)
+    optimizer = torch.optim.Adam(policy.net.parameters(), lr=lr)
+    finished: list[tuple[list[tuple[np.ndarray, int]], float, bool, int]] = []
+
+    def ended(call: OptionCall, env_now: Any) -> None:
+        steps = trials.open.pop(call.agent, None) if call.option == target else None
+        taken = (spec.milestone is not None and spec.milestone not in call.milestones
+                 and spec.milestone in env_now.verified_milestones())  # another agent got there first
+        if steps and not taken:  # a call that took no step (blocked at once) teaches nothing
+            won = (spec.milestone in call.milestones if spec.milestone is not None
+                   else call.termination is Termination.DONE)
+            score = 1.0 - length_weight * len(steps) / spec.max_steps if won else 0.0
+            finished.append((steps, score, won, len(steps)))
+
+    result = PretrainResult(policy)
+    played = 0
+    policy.net.train()
+    try:
+        while played < episodes:
+            finished.clear()
+            for _ in range(min(batch_episodes, episodes - played)):
+                trials.open.clear()
+                run_episode(env, drill_library, drill, seed=seed + played, max_steps=max_steps, on_option_end=ended)
+                played += 1
+            result.history.append(row := _update(policy, optimizer, finished, entropy_coef) | {"episodes": played})
+            if on_batch is not None:
+                on_batch(row)
+    finally:
+        policy.net.eval()
+    return result
+
+
+def _update(policy: NeuralSubPolicy, optimizer: torch.optim.Optimizer,
+            finished: list[tuple[list[tuple[np.ndarray, int]], float, bool, int]],
+            entropy_coef: float) -> dict[str, float]:
+    """One REINFORCE step on the batch's calls: each step's advantage is its call's score
+    less the batch's mean score (the per-step mean over the batch's steps is the loss)."""
+    if not finished:
+        return {"calls": 0.0, "success": float("nan"), "steps": float("nan"), "score": float("nan"),
+                "entropy": float("nan")}
+    scores = np.array([score for _, score, _, _ in finished])
+    baseline = float(scores.mean())
+    x = torch.from_numpy(np.stack([f for steps, *_ in finished for f, _ in steps]))
+    actions = torch.tensor([a for steps, *_ in finished for _, a in steps])
+    advantage = torch.tensor([score - baseline for steps, score, _, _ in finished for _ in steps],
+                             dtype=torch.float32)
+    log_probs = torch.log_softmax(policy.logits(x), -1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    loss = -(advantage * log_probs[torch.arange(len(actions)), actions]).mean() - entropy_coef * entropy.mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {"calls": float(len(finished)), "success": float(np.mean([won for _, _, won, _ in finished])),
+            "steps": float(np.mean([n for *_, n in finished])), "score": baseline,
+            "entropy": float(entropy.mean().detach())}

@@ -48,6 +48,12 @@ def mlp(inputs: int, outputs: int, hidden: int, layers: int) -> nn.Sequential:
     return nn.Sequential(*parts)
 
 
+def draw(logits: Tensor, rng: np.random.Generator) -> int:
+    """An index drawn from ``softmax(logits)`` with one uniform of ``rng``."""
+    probs = torch.softmax(logits.double(), -1).numpy()
+    return int(min(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum()), len(probs) - 1))
+
+
 class NeuralSubPolicy:
     """An option's sub-policy: observation → one of ``actions`` primitive actions (an
     integer from ``start``). ``name`` labels its errors (the option's name)."""
@@ -87,11 +93,7 @@ class NeuralSubPolicy:
     @torch.inference_mode()
     def __call__(self, ctx: OptionContext) -> int:
         logits = self.logits(self.features(ctx))
-        if not self.sample:
-            return self.start + int(logits.argmax())
-        probs = torch.softmax(logits.double(), -1).numpy()
-        return self.start + int(min(np.searchsorted(np.cumsum(probs), ctx.rng.random() * probs.sum()),
-                                    self.actions - 1))
+        return self.start + (draw(logits, ctx.rng) if self.sample else int(logits.argmax()))
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gyre_ma.agents.subpolicy import NeuralSubPolicy, for_space
+from gyre_ma.agents.subpolicy import NeuralSubPolicy, draw, for_space
 from gyre_ma.options.decision import Choice, Decision, Manager
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import OptionContext, Termination
@@ -56,8 +56,7 @@ class _Trials:
     @torch.inference_mode()
     def __call__(self, ctx: OptionContext) -> int:
         x = self.policy.features(ctx)
-        probs = torch.softmax(self.policy.logits(x).double(), -1).numpy()
-        action = int(min(np.searchsorted(np.cumsum(probs), ctx.rng.random() * probs.sum()), len(probs) - 1))
+        action = draw(self.policy.logits(x), ctx.rng)
         if ctx.steps == 0:
             self.open[ctx.agent] = []
         self.open.setdefault(ctx.agent, []).append((x, action))

@@ -179,3 +179,16 @@ def test_pretrain_option_cli_writes_weights_and_rejects_bad_arguments(tmp_path):
     assert out.returncode == 2 and "has no option 'go_to_9'" in out.stderr and "Traceback" not in out.stderr
     out = cli("--option", "go_to_0", "--out", str(tmp_path / "h.npz"))
     assert out.returncode == 2 and "--out: expected a .pt file" in out.stderr
+
+
+def test_the_shipped_neural_coverage_library_is_the_scripted_one_but_for_go_to_0(trained):
+    weights, _ = trained
+    root = Path(__file__).resolve().parents[2]
+    shipped = OptionLibrary.load(root / "configs" / "libraries" / "coverage_neural.yaml", go_to_0=str(weights))
+    scripted = make_library()
+    assert shipped.names == scripted.names and shipped.graph.names == scripted.graph.names
+    same = ("milestone", "initiation", "done", "failure", "max_steps", "repeatable", "exclusive")
+    for a, b in zip(shipped, scripted, strict=True):
+        assert {k: getattr(a, k) for k in same} == {k: getattr(b, k) for k in same}, a.name
+        assert (a.policy is b.policy) == (a.name != "go_to_0")
+    assert isinstance(shipped["go_to_0"].policy, NeuralSubPolicy)

@@ -419,18 +419,19 @@ def cmd_pretrain_option(args: argparse.Namespace) -> int:
     env = make_env(config.env.id, **config.env.kwargs)
     library = make_library(config.env.id, env, config.library, config.library_kwargs)
     guide = make_oracle(config.env.id, env, library, config.manager.policy) if args.guide == "oracle" else None
-    shown = max(1, (args.episodes // args.batch_episodes) // 10)
+    every = max(1, (args.episodes // args.batch_episodes) // 10)  # about ten rows of progress
     table = Table(title=f"pre-training option {args.option!r} on {config.env.id} ({args.episodes} episodes)")
     for column in ("episodes", "calls", "success", "steps", "entropy"):
         table.add_column(column, justify="right")
+    batches = 0
 
     def show(row: dict[str, float]) -> None:
-        if len(result_rows) % shown == 0 or row["episodes"] >= args.episodes:
+        nonlocal batches
+        if batches % every == 0 or row["episodes"] >= args.episodes:
             table.add_row(f"{row['episodes']:.0f}", f"{row['calls']:.0f}", f"{row['success']:.2f}",
                           f"{row['steps']:.1f}", f"{row['entropy']:.2f}")
-        result_rows.append(row)
+        batches += 1
 
-    result_rows: list[dict[str, float]] = []
     result = pretrain_option(env, library, args.option, episodes=args.episodes, batch_episodes=args.batch_episodes,
                              lr=args.lr, guide=guide, seed=args.seed, hidden=args.hidden, on_batch=show)
     result.policy.save(out)

@@ -20,6 +20,7 @@ in the library the manager trains over (``kind: neural``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,7 +98,8 @@ def pretrain_option(env: Any, library: OptionLibrary, option: str, *, policy: Ne
                     on_batch: Callable[[dict[str, float]], None] | None = None) -> PretrainResult:
     """Train a neural sub-policy for ``library``'s option ``option`` on ``env`` (a gyre env:
     the task the option will serve in, or an easier variant of it). ``policy``: the network
-    to train (default: a new one shaped for the first agent's spaces, ``hidden`` wide).
+    to train (default: a copy of the option's own if it is neural already, else a new one
+    shaped for the first agent's spaces, ``hidden`` wide).
     ``episodes`` in batches of ``batch_episodes``; task seeds ``seed, seed + 1, ...``.
     ``max_steps`` caps each episode's primitive steps (default: the env's own)."""
     if option not in library.names:
@@ -111,6 +113,8 @@ def pretrain_option(env: Any, library: OptionLibrary, option: str, *, policy: Ne
     target = library.index(option)
     spec = library[target]
     agent = env.possible_agents[0]
+    if policy is None and isinstance(spec.policy, NeuralSubPolicy):  # trained before: go on from its weights
+        policy = copy.deepcopy(spec.policy)
     if policy is None:
         policy = for_space(env.observation_space(agent), env.action_space(agent), name=option, hidden=hidden,
                            seed=seed)

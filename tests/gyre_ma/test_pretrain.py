@@ -192,3 +192,14 @@ def test_the_shipped_neural_coverage_library_is_the_scripted_one_but_for_go_to_0
         assert {k: getattr(a, k) for k in same} == {k: getattr(b, k) for k in same}, a.name
         assert (a.policy is b.policy) == (a.name != "go_to_0")
     assert isinstance(shipped["go_to_0"].policy, NeuralSubPolicy)
+
+
+def test_pretraining_an_option_that_is_neural_already_goes_on_from_a_copy_of_its_weights(trained):
+    weights, _ = trained
+    env = make_env("coverage_v0", **DRILL)
+    frozen = NeuralSubPolicy.load(weights)
+    library = with_policy(make_library(env=env), "go_to_0", frozen)
+    before = {k: v.clone() for k, v in frozen.net.state_dict().items()}
+    result = pretrain_option(env, library, "go_to_0", episodes=32, seed=1)
+    assert result.policy is not frozen and result.history[0]["success"] >= 0.9  # it starts trained
+    assert all(torch.equal(before[k], v) for k, v in frozen.net.state_dict().items())  # the library's stays as it was

@@ -4,9 +4,11 @@
 ``gyre-ma --help``, ``gyre-ma train --help``, ``gyre-ma check configs/quickstart.yaml``,
 ``gyre-ma eval`` of a quickstart checkpoint on one episode (it needs torch, not the
 learner's Lightning; the checkpoint comes from an untimed one-iteration run) and, for
-reference, ``python -c "import torch"`` and ``"import lightning"``; it reports the median
-and the spread of the wall times and which of torch/lightning/ray each command imported (a
-``-X importtime`` run, counted apart). Prints one JSON object.
+reference, ``python -c "import torch"``, ``"import lightning"``, and the imports of what
+``gyre-ma eval`` builds now (``gyre_ma.player``) and built before session 39 (``gyre_ma.loop``,
+the learner); it reports the median and the spread of the wall times and which of
+torch/lightning/ray each command imported (a ``-X importtime`` run, counted apart). Prints
+one JSON object.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ CASES = {
     "check_quickstart": [*CLI, "check", "configs/quickstart.yaml"],
     "import_torch": [sys.executable, "-c", "import torch"],
     "import_lightning": [sys.executable, "-c", "import lightning"],
+    # what gyre-ma eval imports to play a checkpoint: the Player since session 39, the whole
+    # learner (gyre_ma.loop, with Lightning) before
+    "import_player": [sys.executable, "-c", "import gyre_ma.player"],
+    "import_loop": [sys.executable, "-c", "import gyre_ma.loop"],
 }
 
 

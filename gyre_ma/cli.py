@@ -33,14 +33,14 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
     cannot fail on it in ``train``."""
     from gyre_ma.config import load_config
     from gyre_ma.envs.registry import make_env, make_library, make_oracle
-    from gyre_ma.options.library import OptionLibrary
+    from gyre_ma.options.library import OptionLibrary, fill_variables
     from gyre_ma.options.yaml_file import read_yaml
 
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
         data = read_yaml(path, "file", UsageError)
-        if isinstance(data, dict) and "options" in data and "graph" in data:
-            return OptionLibrary.from_spec(data, where=path.name), None
+        if isinstance(data, dict) and "options" in data and "graph" in data:  # a library alone: no values for
+            return OptionLibrary.from_spec(fill_variables(data, {}, where=path.name), where=path.name), None  # ${x}
         config = load_config(path)
         env = make_env(config.env.id, **config.env.kwargs)
         library = make_library(config.env.id, env, config.library, config.library_kwargs)

@@ -149,3 +149,11 @@ def test_rollbacks_and_their_stop_are_printed(tmp_path):
     assert "no longer rolled back" in out.getvalue()
     before = out.getvalue()
     assert _say_rollbacks(console, gyre, {"checkpoint/rollbacks_stopped": 1.0}, 6, True) and out.getvalue() == before
+
+
+def test_check_of_a_library_with_variables_names_the_variable_to_set(capsys):
+    # a library file alone has no library_kwargs: say which variable is open, not that a path like '${x}' is missing
+    assert main(["check", str(ROOT / "configs" / "libraries" / "coverage_neural.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "options[0].neural.weights: variable ${go_to_0} has no value; set library_kwargs.go_to_0" in err
+    assert err.count("\n") == 1

@@ -201,7 +201,7 @@ class OptionLibrary:
             if bad:
                 raise ValueError(f"{at}: unknown key(s) {sorted(bad)}; accepted: {sorted(_OPTION_KEYS)}")
             kind = raw.get("kind", "callable")
-            if kind != "callable" and kind not in OPTION_KINDS:
+            if not isinstance(kind, str) or (kind != "callable" and kind not in OPTION_KINDS):
                 raise ValueError(f"{at}.kind: expected 'callable' (a policy: module:callable), 'llm' or 'neural', "
                                  f"got {kind!r}")
             if kind in OPTION_KINDS:

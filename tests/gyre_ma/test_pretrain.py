@@ -157,6 +157,8 @@ def test_a_library_yaml_declares_a_neural_option_that_stays_frozen_while_the_man
      r"options\[0\]\.neural\.sample: expected true or false"),
     ({"name": "go", "kind": "neurall", "neural": {"weights": "w.pt"}},
      r"options\[0\]\.kind: expected 'callable' \(a policy: module:callable\), 'llm' or 'neural', got 'neurall'"),
+    ({"name": "go", "kind": ["neural"], "neural": {"weights": "w.pt"}},
+     r"options\[0\]\.kind: expected 'callable' \(a policy: module:callable\), 'llm' or 'neural', got \['neural'\]"),
 ])
 def test_bad_neural_entries_are_named(tmp_path, entry, expected):
     with pytest.raises(ValueError, match=expected):

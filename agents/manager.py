@@ -104,7 +104,7 @@ class Featurizer:
         return bits
 
 
-def _mlp(inputs: int, hidden: int, layers: int) -> nn.Sequential:
+def mlp_body(inputs: int, hidden: int, layers: int) -> nn.Sequential:
     """Layer-normalised hidden layers: parameter-space noise needs comparable scales."""
     blocks: list[nn.Module] = []
     for i in range(layers):
@@ -124,7 +124,7 @@ class ManagerPolicy(nn.Module):
                  layers: int = 2, agent_embedding: int = 8) -> None:
         super().__init__()
         self.agent_embedding = nn.Embedding(n_agents, agent_embedding)
-        self.body = _mlp(features + agent_embedding, hidden, layers)
+        self.body = mlp_body(features + agent_embedding, hidden, layers)
         self.head = nn.Linear(hidden, n_options)
         nn.init.orthogonal_(self.head.weight, gain=0.01)
         nn.init.zeros_(self.head.bias)
@@ -163,7 +163,7 @@ class Critic(nn.Module):
                  agent_embedding: int = 8) -> None:
         super().__init__()
         self.agent_embedding = nn.Embedding(n_agents, agent_embedding)
-        self.body = _mlp(inputs + agent_embedding, hidden, layers)
+        self.body = mlp_body(inputs + agent_embedding, hidden, layers)
         self.head = nn.Linear(hidden, 1)
 
     def forward(self, x: torch.Tensor, agent: torch.Tensor) -> torch.Tensor:

@@ -31,21 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gyre_ma.agents.manager import mlp_body
 from gyre_ma.options.option import OptionContext
 
 FORMAT = "gyre-ma neural sub-policy v1"
 """The ``format`` entry of a saved sub-policy."""
-
-
-def mlp(inputs: int, outputs: int, hidden: int, layers: int) -> nn.Sequential:
-    """``layers`` hidden layers of ``hidden`` units (linear, layer norm, tanh), then a linear head."""
-    parts: list[nn.Module] = []
-    width = inputs
-    for _ in range(layers):
-        parts += [nn.Linear(width, hidden), nn.LayerNorm(hidden), nn.Tanh()]
-        width = hidden
-    parts.append(nn.Linear(width, outputs))
-    return nn.Sequential(*parts)
 
 
 def draw(logits: Tensor, rng: np.random.Generator) -> int:
@@ -68,7 +58,7 @@ class NeuralSubPolicy:
         self.hidden, self.layers, self.sample, self.name = hidden, layers, bool(sample), name
         with torch.random.fork_rng(devices=[]):  # seeded weights; the caller's RNG stream untouched
             torch.manual_seed(seed)
-            self.net = mlp(observation_dim, actions, hidden, layers)
+            self.net = nn.Sequential(*mlp_body(observation_dim, hidden, layers), nn.Linear(hidden, actions))
         self.net.eval()
         self.__name__ = self.__qualname__ = f"neural:{name}"  # how errors name a sub-policy
 
@@ -80,12 +70,16 @@ class NeuralSubPolicy:
             x = np.asarray(obs, dtype=np.float32).reshape(-1)
         except (TypeError, ValueError):
             x = None
-        if x is None or x.shape[0] != self.observation_dim or not np.isfinite(x).all():
-            got = type(obs).__name__ if x is None else f"{x.shape[0]} values" + (
-                "" if x.shape[0] != self.observation_dim or np.isfinite(x).all() else ", not all finite")
-            raise ValueError(f"neural sub-policy {self.name!r} (agent {ctx.agent!r}): expected an observation of "
-                             f"{self.observation_dim} finite numbers (an array), got {got}")
-        return x
+        if x is None:
+            got = type(obs).__name__
+        elif x.shape[0] != self.observation_dim:
+            got = f"{x.shape[0]} values"
+        elif not np.isfinite(x).all():
+            got = f"{x.shape[0]} values, not all finite"
+        else:
+            return x
+        raise ValueError(f"neural sub-policy {self.name!r} (agent {ctx.agent!r}): expected an observation of "
+                         f"{self.observation_dim} finite numbers (an array), got {got}")
 
     def logits(self, x: np.ndarray | Tensor) -> Tensor:
         return self.net(torch.as_tensor(x, dtype=torch.float32))

@@ -13,9 +13,9 @@ actions while it trains and is updated by REINFORCE with the batch's mean score 
 baseline and an entropy bonus, one Adam step per batch of episodes. Everything is seeded:
 the same arguments give the same weights.
 
-The trained sub-policy is returned unfrozen-in-name only: it acts greedily unless built with
-``sample``; save it (:meth:`~gyre_ma.agents.subpolicy.NeuralSubPolicy.save`) and declare it
-in the library the manager trains over (``kind: neural``).
+The trained sub-policy acts greedily unless built with ``sample``; save it
+(:meth:`~gyre_ma.agents.subpolicy.NeuralSubPolicy.save`) and declare it in the library the
+manager trains over (``kind: neural``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.agents.subpolicy import NeuralSubPolicy, draw, for_space
 from gyre_ma.options.decision import Choice, Decision, Manager
 from gyre_ma.options.library import OptionLibrary
@@ -60,34 +61,26 @@ class _Trials:
         action = draw(self.policy.logits(x), ctx.rng)
         if ctx.steps == 0:
             self.open[ctx.agent] = []
-        self.open.setdefault(ctx.agent, []).append((x, action))
+        self.open[ctx.agent].append((x, action))
         return self.policy.start + action
 
 
 class _Drill:
-    """Chooses ``target`` whenever it is eligible; otherwise asks ``guide`` (or picks a
-    uniformly random eligible option with its own seeded generator)."""
+    """Chooses ``target`` whenever it is eligible; otherwise asks ``guide`` (default: a
+    seeded uniformly random eligible option, :class:`~gyre_ma.agents.baselines.RandomManager`)."""
 
     def __init__(self, target: int, guide: Manager | None, seed: int) -> None:
-        self.target, self.guide, self.rng = target, guide, np.random.default_rng(seed)
+        self.target, self.guide = target, guide if guide is not None else RandomManager(seed)
 
     def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
-        out = []
-        for d in decisions:
-            if d.mask[self.target]:
-                out.append(Choice(self.target))
-            elif self.guide is not None:
-                out.append(self.guide.decide([d])[0])
-            else:
-                out.append(Choice(int(self.rng.choice(np.flatnonzero(d.mask)))))
-        return out
+        return [Choice(self.target) if d.mask[self.target] else self.guide.decide([d])[0] for d in decisions]
 
     def episode_start(self, env: Any, seed: int) -> None:
-        if self.guide is not None and callable(getattr(self.guide, "episode_start", None)):
+        if callable(getattr(self.guide, "episode_start", None)):
             self.guide.episode_start(env, seed)
 
     def option_end(self, call: OptionCall, env: Any) -> None:
-        if self.guide is not None and callable(getattr(self.guide, "option_end", None)):
+        if callable(getattr(self.guide, "option_end", None)):
             self.guide.option_end(call, env)
 
 

@@ -230,7 +230,11 @@ class GyreAdapter(ParallelEnv):
 
 
 class _SingleAgentParallel(ParallelEnv):
-    """A Gymnasium env as a one-agent ParallelEnv; the episode ends when it does."""
+    """A Gymnasium env as a one-agent ParallelEnv; the episode ends when it does.
+
+    A ``Discrete`` observation that the env returns as a Python ``int`` (Taxi, FrozenLake,
+    CliffWalking do) is passed on as a NumPy integer of the space's dtype, as PettingZoo's
+    API (and its ``api_test``) expects every observation to carry its dtype."""
 
     def __init__(self, env: gymnasium.Env, agent: str) -> None:
         self._gym = env
@@ -242,18 +246,26 @@ class _SingleAgentParallel(ParallelEnv):
         self.metadata["name"] = spec.id if spec is not None else type(env.unwrapped).__name__
         self.spec = spec
         self.render_mode = getattr(env, "render_mode", None)
+        space = env.observation_space
+        self._scalar = space.dtype.type if isinstance(space, spaces.Discrete) else None
+        """The NumPy integer type a Discrete observation is given."""
+
+    def _observation(self, obs: Any) -> Any:
+        if self._scalar is not None and isinstance(obs, int) and not isinstance(obs, bool):
+            return self._scalar(obs)
+        return obs
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         obs, info = self._gym.reset(seed=seed, options=options)
         self.agents = [self._agent]
-        return {self._agent: obs}, {self._agent: info}
+        return {self._agent: self._observation(obs)}, {self._agent: info}
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         a = self._agent
         obs, reward, terminated, truncated, info = self._gym.step(actions[a])
         if terminated or truncated:
             self.agents = []
-        return {a: obs}, {a: reward}, {a: terminated}, {a: truncated}, {a: info}
+        return {a: self._observation(obs)}, {a: reward}, {a: terminated}, {a: truncated}, {a: info}
 
     def observation_space(self, agent: str) -> spaces.Space:
         return self._gym.observation_space

@@ -1,0 +1,201 @@
+"""Gymnasium's Taxi (Dietterich's MAXQ taxi, ``Taxi-v4``) as a one-agent gyre environment,
+with the option library a user would write for it.
+
+A taxi on a 5×5 grid with walls must fetch a passenger waiting at one of four stands
+(R, G, Y, B) and drop them at another. The observation is Taxi's own ``Discrete(500)``
+state (taxi row and column, passenger location, destination), which the manager sees
+one-hot. Milestones are read from that state (``env.unwrapped.s``): ``picked_up`` (the
+passenger is in the taxi) and ``delivered`` (the passenger stands at the destination).
+
+The options are Dietterich's: ``go_to_R`` … ``go_to_B`` (breadth-first search over the
+map's walls, ending at the stand), ``pickup`` and ``dropoff`` (one primitive action
+each). Which stand to drive to is in the observation only, so the manager must read it,
+as in coverage_v0 but with one agent. A pickup or dropoff at the wrong cell changes
+nothing (Taxi's −10), except that dropping the passenger at a stand that is not the
+destination leaves them there: ``pickup`` restores ``picked_up`` (it is eligible whenever
+the passenger is out of the taxi), so such a mistake costs steps, not the episode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.wrappers import TransformObservation
+
+from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium
+from gyre_ma.options.decision import Choice, Decision
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.option import Option, OptionContext
+
+TAXI_ID = "Taxi-v4"
+STANDS = "RGYB"
+"""The four stands, in Taxi's order of ``locs`` (passenger location and destination index)."""
+_MOVES = {0: (1, 0), 1: (-1, 0), 2: (0, 1), 3: (0, -1)}
+"""Taxi's actions south, north, east, west → (row, column) change."""
+_PICKUP, _DROPOFF = 4, 5
+
+
+def _state(env: Any) -> tuple[int, int, int, int]:
+    """(taxi row, taxi column, passenger location 0–3 or 4 in the taxi, destination 0–3)."""
+    row, col, passenger, destination = env.decode(env.s)
+    return int(row), int(col), int(passenger), int(destination)
+
+
+# ---------------------------------------------------------------------- milestones
+def picked_up(env: Any) -> bool:
+    """The passenger is in the taxi."""
+    return _state(env)[2] == 4
+
+
+def delivered(env: Any) -> bool:
+    """The passenger stands at the destination (Taxi ends the episode there)."""
+    _, _, passenger, destination = _state(env)
+    return passenger == destination
+
+
+def task_graph() -> TaskGraph:
+    return TaskGraph.from_spec({
+        "goals": ["delivered"],
+        "milestones": {
+            "picked_up": {"description": "the passenger is in the taxi", "verifier": f"{__name__}:picked_up",
+                          "duration": 6.0},
+            "delivered": {"description": "the passenger is at the destination", "verifier": f"{__name__}:delivered",
+                          "requires": ["picked_up"], "duration": 6.0},
+        },
+    })
+
+
+def make_taxi(*, max_cycles: int | None = None, observation: str = "state", **make_kwargs: Any) -> GyreAdapter:
+    """Taxi-v4 as a one-agent gyre environment (agent ``agent_0``; 200 steps, Taxi's own
+    limit, unless ``max_cycles``); ``make_kwargs`` go to ``gymnasium.make``.
+
+    ``observation``: ``state``, Taxi's own ``Discrete(500)`` index (one-hot to the manager:
+    each of the 500 states learned apart); ``decoded``, its four parts as
+    ``MultiDiscrete([5, 5, 5, 4])`` (taxi row, column, passenger location, destination; one
+    one-hot each, so what is learned about a passenger at stand R holds wherever the taxi is)."""
+    if observation not in ("state", "decoded"):
+        raise ValueError(f"make_taxi: observation must be 'state' or 'decoded', got {observation!r}")
+    env = gymnasium.make(TAXI_ID, **make_kwargs)
+    if observation == "decoded":
+        env = TransformObservation(env, lambda s: np.array(env.unwrapped.decode(s), dtype=np.int64),
+                                   spaces.MultiDiscrete([5, 5, 5, 4]))
+    return from_gymnasium(env, milestones={"picked_up": picked_up, "delivered": delivered},
+                          graph=task_graph(), max_cycles=max_cycles)
+
+
+# ---------------------------------------------------------------------- options
+def _passable(env: Any, row: int, col: int, action: int) -> bool:
+    """Whether ``action`` moves the taxi from (row, col): the map's walls are ``|`` between columns."""
+    if action == 2:
+        return env.desc[1 + row, 2 * col + 2] == b":"
+    if action == 3:
+        return env.desc[1 + row, 2 * col] == b":"
+    return 0 <= row + _MOVES[action][0] < 5
+
+
+def _first_move(env: Any, start: tuple[int, int], goal: tuple[int, int]) -> int:
+    """The first action of a shortest path from ``start`` to ``goal`` (breadth-first, in
+    Taxi's action order, so ties break the same way every time)."""
+    came: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
+    frontier = deque([start])
+    while frontier:
+        cell = frontier.popleft()
+        for action, (dr, dc) in _MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if nxt in came or not _passable(env, *cell, action):
+                continue
+            came[nxt] = (cell, action)
+            if nxt == goal:
+                while (step := came[nxt]) is not None and step[0] != start:
+                    nxt = step[0]
+                return came[nxt][1]  # type: ignore[index]
+            frontier.append(nxt)
+    raise ValueError(f"taxi: no path from {start} to {goal} on this map")
+
+
+def _stand(env: Any, k: int) -> tuple[int, int]:
+    return tuple(env.locs[k])  # type: ignore[return-value]
+
+
+def _drive_to(k: int) -> Callable[[OptionContext], int]:
+    def drive(ctx: OptionContext) -> int:
+        env = ctx.env.unwrapped
+        row, col, _, _ = _state(env)
+        return _first_move(env, (row, col), _stand(env, k))
+
+    drive.__name__ = drive.__qualname__ = f"drive_to_{STANDS[k]}"
+    return drive
+
+
+def _at_stand(k: int) -> Callable[[OptionContext], bool]:
+    def at(ctx: OptionContext) -> bool:
+        env = ctx.env.unwrapped
+        return _state(env)[:2] == _stand(env, k)
+
+    at.__name__ = at.__qualname__ = f"at_{STANDS[k]}"
+    return at
+
+
+def _away_from(k: int) -> Callable[[OptionContext], bool]:
+    at = _at_stand(k)
+
+    def away(ctx: OptionContext) -> bool:
+        return not at(ctx)
+
+    away.__name__ = away.__qualname__ = f"away_from_{STANDS[k]}"
+    return away
+
+
+def pickup(ctx: OptionContext) -> int:
+    return _PICKUP
+
+
+def dropoff(ctx: OptionContext) -> int:
+    return _DROPOFF
+
+
+def taxi_library() -> OptionLibrary:
+    """Four ``go_to_<stand>`` options (repeatable, ending at the stand, eligible away from
+    it), ``pickup`` (restores ``picked_up``) and ``dropoff`` (one step each)."""
+    library = OptionLibrary("taxi", task_graph())
+    for k, name in enumerate(STANDS):
+        library.add(Option(f"go_to_{name}", _drive_to(k), done=_at_stand(k), initiation=_away_from(k),
+                           repeatable=True, max_steps=20, description=f"drive to stand {name}"))
+    library.add(Option("pickup", pickup, milestone="picked_up", repeatable=True, max_steps=1,
+                       description="pick the passenger up (again, if they were set down)"))
+    library.add(Option("dropoff", dropoff, milestone="delivered", max_steps=1,
+                       description="set the passenger down"))
+    return library.validate()
+
+
+class TaxiOracle:
+    """Drive to the passenger, pick them up, drive to the destination, set them down."""
+
+    def __init__(self, *, library: OptionLibrary) -> None:
+        wanted = [*(f"go_to_{s}" for s in STANDS), "pickup", "dropoff"]
+        missing = [n for n in wanted if n not in library.names]
+        if missing:
+            raise ValueError(f"TaxiOracle: library {library.name!r} lacks option(s) {missing}; "
+                             f"it has {library.names}, expected {wanted}")
+        self.library = library
+
+    def _want(self, env: Any) -> str:
+        row, col, passenger, destination = _state(env)
+        target, act = (destination, "dropoff") if passenger == 4 else (passenger, "pickup")
+        return act if (row, col) == _stand(env, target) else f"go_to_{STANDS[target]}"
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        out = []
+        for d in decisions:
+            want = self.library.index(self._want(d.env.unwrapped))
+            if not d.mask[want]:
+                raise ValueError(f"TaxiOracle: option {self.library[want].name!r} is not eligible for "
+                                 f"{d.agent!r} (mask {d.mask.tolist()})")
+            out.append(Choice(want))
+        return out

@@ -1,0 +1,106 @@
+"""Gymnasium's Taxi-v4 as a gyre env: its Discrete observation passes PettingZoo's tests,
+the oracle delivers on every seed in the fewest steps, a passenger set down at the wrong
+stand is picked up again, and the milestones are read from Taxi's own state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.checks import check_setup
+from gyre_ma.envs.checks import check_env
+from gyre_ma.envs.taxi_tasks import TaxiOracle, delivered, make_taxi, picked_up, taxi_library
+from gyre_ma.options.decision import Choice, Decision
+from gyre_ma.options.library import OptionLibrary
+from gyre_ma.rollout import run_episode
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+class Scripted:
+    """Runs the named options in turn, then hands over to the oracle."""
+
+    def __init__(self, library: OptionLibrary, names: Sequence[str]) -> None:
+        self.library, self.names, self.oracle = library, list(names), TaxiOracle(library=library)
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        if self.names:
+            return [Choice(self.library.index(self.names.pop(0)))]
+        return self.oracle.decide(decisions)
+
+
+def test_a_discrete_observation_is_a_numpy_integer_and_passes_pettingzoo_tests() -> None:
+    env = make_taxi()
+    observations, _ = env.reset(seed=0)
+    obs = observations["agent_0"]
+    assert isinstance(obs, np.int64) and env.observation_space("agent_0").contains(obs)
+    report = check_env(make_taxi, n_steps=200)
+    assert {"parallel_api_test", "api_test"} <= set(report.pettingzoo_tests)
+    observations, *_ = env.step({"agent_0": 1})
+    assert isinstance(observations["agent_0"], np.int64)
+
+
+def test_oracle_delivers_on_every_seed_by_the_shortest_route() -> None:
+    env, library = make_taxi(), taxi_library()
+    runs = [run_episode(env, library, TaxiOracle(library=library), seed=s) for s in range(60)]
+    assert all(t.success for t in runs) and not any(t.dead_ends for t in runs)
+    for t in runs:
+        names = [library[c.option].name for c in t.calls]
+        assert names[-1] == "dropoff" and names.count("pickup") == 1 and len(names) <= 4
+        assert t.length == sum(c.duration for c in t.calls)
+        assert t.milestone_steps["picked_up"] < t.milestone_steps["delivered"] == t.length
+    # Taxi's shortest tours average about 13 steps from its random starts
+    assert 11 < np.mean([t.length for t in runs]) < 15
+
+
+def test_a_passenger_set_down_at_the_wrong_stand_is_picked_up_again() -> None:
+    env, library = make_taxi(), taxi_library()
+    env.reset(seed=5)
+    row, col, passenger, destination = env.unwrapped.decode(env.unwrapped.s)
+    stands = "RGYB"
+    wrong = next(k for k in range(4) if k not in (passenger, destination))
+    plan = [f"go_to_{stands[passenger]}", "pickup", f"go_to_{stands[wrong]}", "dropoff"]
+    if tuple(env.unwrapped.locs[passenger]) == (row, col):
+        plan = plan[1:]
+    traj = run_episode(env, library, Scripted(library, plan), seed=5)
+    names = [library[c.option].name for c in traj.calls]
+    assert traj.success and not traj.dead_ends
+    assert names.count("pickup") == 2 and names.count("dropoff") == 2
+    failed_dropoff = traj.calls[names.index("dropoff")]
+    assert failed_dropoff.milestones == () and not failed_dropoff.terminated
+
+
+def test_milestones_read_taxis_state_and_random_order_never_dead_ends() -> None:
+    env, library = make_taxi(), taxi_library()
+    env.reset(seed=1)
+    assert not picked_up(env.unwrapped) and not delivered(env.unwrapped)
+    report = check_setup(make_taxi, library, n_steps=300)
+    assert report.milestones == {"picked_up", "delivered"}
+    for seed in range(5):
+        traj = run_episode(env, library, RandomManager(seed), seed=seed)
+        assert not traj.dead_ends
+        if traj.success:
+            assert traj.milestone_steps["picked_up"] < traj.milestone_steps["delivered"]
+
+
+def test_oracle_rejects_a_foreign_library() -> None:
+    from gyre_ma.options.examples import breakfast
+
+    with pytest.raises(ValueError, match="lacks option"):
+        TaxiOracle(library=breakfast())
+
+
+def test_the_decoded_observation_is_taxis_four_parts_and_plays_the_same_episode() -> None:
+    state, decoded, library = make_taxi(), make_taxi(observation="decoded"), taxi_library()
+    observations, _ = decoded.reset(seed=4)
+    assert observations["agent_0"].tolist() == list(decoded.unwrapped.decode(decoded.unwrapped.s))
+    assert decoded.observation_space("agent_0").contains(observations["agent_0"])
+    a = run_episode(state, library, TaxiOracle(library=library), seed=4)
+    b = run_episode(decoded, library, TaxiOracle(library=library), seed=4)
+    assert (a.length, [c.option for c in a.calls]) == (b.length, [c.option for c in b.calls])
+    assert b.calls[0].observation.tolist() == observations["agent_0"].tolist()
+    with pytest.raises(ValueError, match="observation must be"):
+        make_taxi(observation="pixels")

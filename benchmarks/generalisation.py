@@ -55,12 +55,16 @@ ENVS: dict[str, dict[str, Any]] = {
                 "oracle": "gyre_ma.envs.pursuit_tasks:PursuitOracle",
                 "references": {"independent": "gyre_ma.envs.pursuit_tasks:IndependentChase",
                                "follow": "gyre_ma.envs.pursuit_tasks:MutualFollow"}},
+    # a budget, not a setting: 50 default iterations of Taxi are ~45k env steps, 8 episodes
+    # of 2 task seeds an iteration, and the first choice of an episode depends on which of
+    # 300 start states it is; 300 iterations are ~120k steps (session 40: at 50 and 150 the
+    # paths were still shortening)
     "taxi": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi"},
              "library": "gyre_ma.envs.taxi_tasks:taxi_library",
-             "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle"},
+             "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
     "taxi_decoded": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi", "kwargs": {"observation": "decoded"}},
                      "library": "gyre_ma.envs.taxi_tasks:taxi_library",
-                     "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle"},
+                     "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
     "coverage": {"env": {"id": "coverage_v0"}, "library": None,
                  "oracle": "gyre_ma.envs.coverage.oracle:OracleManager",
                  "references": {"fixed": "gyre_ma.envs.coverage.oracle:FixedAssignment",

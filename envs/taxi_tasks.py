@@ -1,5 +1,5 @@
-"""Gymnasium's Taxi (Dietterich's MAXQ taxi, ``Taxi-v4``) as a one-agent gyre environment,
-with the option library a user would write for it.
+"""Gymnasium's Taxi (Dietterich's MAXQ taxi; ``Taxi-v4``, ``Taxi-v3`` before Gymnasium 1.2)
+as a one-agent gyre environment, with the option library a user would write for it.
 
 A taxi on a 5×5 grid with walls must fetch a passenger waiting at one of four stands
 (R, G, Y, B) and drop them at another. The observation is Taxi's own ``Discrete(500)``
@@ -33,7 +33,8 @@ from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option, OptionContext
 
-TAXI_ID = "Taxi-v4"
+TAXI_ID = "Taxi-v4" if "Taxi-v4" in gymnasium.registry else "Taxi-v3"
+"""Gymnasium 1.2 renamed Taxi-v3 to v4 (v3 is refused there); older releases have v3 only."""
 STANDS = "RGYB"
 """The four stands, in Taxi's order of ``locs`` (passenger location and destination index)."""
 _MOVES = {0: (1, 0), 1: (-1, 0), 2: (0, 1), 3: (0, -1)}

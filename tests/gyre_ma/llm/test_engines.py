@@ -52,6 +52,25 @@ def test_batched_scores_equal_one_at_a_time_and_a_plain_forward_pass(engine):
     assert two_tokens < one_token  # a longer continuation has more probability to pay
 
 
+def test_loaded_models_compute_gelu_fused_and_score_as_the_model_on_disk(engine, model_dir):
+    from transformers import AutoModelForCausalLM
+    from transformers.activations import NewGELUActivation
+
+    from gyre_ma.llm.hf import FusedTanhGELU, fuse_gelu
+
+    kinds = {type(m) for m in engine.model.modules()}
+    assert FusedTanhGELU in kinds and NewGELUActivation not in kinds
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    assert any(type(m) is NewGELUActivation for m in plain.modules())  # what save_pretrained wrote
+    ids = torch.tensor([[engine.start] + engine._encode(TEXTS[0] + " go north")])
+    with torch.no_grad():
+        before = plain(input_ids=ids).logits
+        assert fuse_gelu(plain) == 2 and fuse_gelu(plain) == 0  # one per block, once
+        after = plain(input_ids=ids).logits
+        np.testing.assert_allclose(after.numpy(), before.numpy(), atol=1e-5)
+        np.testing.assert_array_equal(after.numpy(), engine.model(input_ids=ids).logits.numpy())
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_packed_scores_equal_one_at_a_time_for_ragged_prompts_and_candidates(model_dir, attention):
     """Prompts of 1 to 13 tokens, candidates of 1 to 7 tokens and 1 to 4 per prompt, in chunks

@@ -600,8 +600,11 @@ def action_check(space: Any, agent: str) -> Callable[[Any, str], Any]:
 
 def _bad_action(option: str, agent: str, action: Any, expected: str) -> ValueError:
     text = repr(action)
+    hint = (" (a sub-policy with nothing to do, its target reached or out of reach, returns "
+            "gyre_ma.options.CANNOT_PROCEED: the call ends without a step and the manager chooses again)"
+            if action is None else "")
     return ValueError(f"sub-policy of option {option!r} (agent {agent!r}) returned the action "
-                      f"{text[:120] + '…' if len(text) > 120 else text}; expected {expected}")
+                      f"{text[:120] + '…' if len(text) > 120 else text}; expected {expected}{hint}")
 
 
 def _global_state(env: GyreEnv) -> np.ndarray:

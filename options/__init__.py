@@ -2,9 +2,9 @@
 
 from gyre_ma.options.graph import Milestone, TaskGraph
 from gyre_ma.options.library import OptionLibrary, reference, resolve
-from gyre_ma.options.option import Option, OptionContext, SubPolicy, Termination
+from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, SubPolicy, Termination
 
 __all__ = [
-    "Milestone", "Option", "OptionContext", "OptionLibrary", "SubPolicy", "TaskGraph",
+    "CANNOT_PROCEED", "Milestone", "Option", "OptionContext", "OptionLibrary", "SubPolicy", "TaskGraph",
     "Termination", "reference", "resolve",
 ]

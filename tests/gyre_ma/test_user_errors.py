@@ -39,6 +39,7 @@ def test_a_bad_action_names_the_option_the_agent_and_the_space(action, expected)
     message = str(info.value)
     assert "option 'wander'" in message and "agent 'agent_0'" in message and expected in message
     assert run_episode(env, _library(lambda ctx: np.int64(2)), RandomManager(0), seed=1).length > 0  # fine
+    assert ("CANNOT_PROCEED" in message) == (action is None)  # "nothing to do" has its own return value
 
 
 def test_other_action_spaces_are_checked_by_their_own_contains():

@@ -31,7 +31,7 @@ from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium
 from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
-from gyre_ma.options.option import Option, OptionContext
+from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext
 
 TAXI_ID = "Taxi-v4" if "Taxi-v4" in gymnasium.registry else "Taxi-v3"
 """Gymnasium 1.2 renamed Taxi-v3 to v4 (v3 is refused there); older releases have v3 only."""
@@ -125,10 +125,11 @@ def _stand(env: Any, k: int) -> tuple[int, int]:
 
 
 def _drive_to(k: int) -> Callable[[OptionContext], int]:
-    def drive(ctx: OptionContext) -> int:
+    def drive(ctx: OptionContext) -> Any:
         env = ctx.env.unwrapped
         row, col, _, _ = _state(env)
-        return _first_move(env, (row, col), _stand(env, k))
+        stand = _stand(env, k)
+        return CANNOT_PROCEED if (row, col) == stand else _first_move(env, (row, col), stand)
 
     drive.__name__ = drive.__qualname__ = f"drive_to_{STANDS[k]}"
     return drive

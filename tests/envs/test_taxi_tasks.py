@@ -104,3 +104,23 @@ def test_the_decoded_observation_is_taxis_four_parts_and_plays_the_same_episode(
     assert b.calls[0].observation.tolist() == observations["agent_0"].tolist()
     with pytest.raises(ValueError, match="observation must be"):
         make_taxi(observation="pixels")
+
+
+def test_a_go_to_option_at_its_stand_cannot_proceed_and_is_not_eligible() -> None:
+    from gyre_ma.options.option import CANNOT_PROCEED, OptionContext
+
+    env, library = make_taxi(), taxi_library()
+    observations, _ = env.reset(seed=2)
+    raw = env.unwrapped
+    row, col, *_ = raw.decode(raw.s)
+    here = next((k for k, stand in enumerate(raw.locs) if tuple(stand) == (row, col)), None)
+    if here is None:  # drive to stand R first
+        run = library["go_to_R"]
+        ctx = OptionContext("agent_0", env, observations["agent_0"], frozenset())
+        while not run.done(ctx):
+            env.step({"agent_0": run.policy(ctx)})
+        here = 0
+    option = library[f"go_to_{'RGYB'[here]}"]
+    ctx = OptionContext("agent_0", env, None, frozenset())
+    assert option.policy(ctx) is CANNOT_PROCEED and not option.can_start(ctx)
+    assert library.mask(frozenset(), ctx)[library.index(option.name)] == False  # noqa: E712

@@ -145,6 +145,23 @@ def test_cartpole_max_cycles_and_run_episode() -> None:
     assert term == {"agent_0": False} and trunc == {"agent_0": True}
 
 
+def test_a_discrete_observation_returned_as_an_int_becomes_the_spaces_integer() -> None:
+    from gyre_ma.envs.checks import check_env
+
+    def frozen_lake() -> GyreAdapter:
+        return from_gymnasium("FrozenLake-v1", milestones={"left_start": lambda e: int(e.s) != 0},
+                              graph={"goals": ["left_start"], "milestones": {"left_start": {}}}, is_slippery=False)
+
+    env = frozen_lake()
+    assert type(gymnasium.make("FrozenLake-v1").reset(seed=0)[0]) is int  # what Gymnasium gives
+    obs, _ = env.reset(seed=0)
+    assert type(obs["agent_0"]) is np.int64 and obs["agent_0"] == 0
+    obs, *_ = env.step({"agent_0": 2})  # right
+    assert type(obs["agent_0"]) is np.int64 and obs["agent_0"] == 1
+    assert env.verified_milestones() == {"left_start"}
+    assert "api_test" in check_env(frozen_lake, n_steps=50).pettingzoo_tests  # failed on the int's missing dtype
+
+
 # ---------------------------------------------------------------------- PettingZoo RPS (AEC)
 RPS_GRAPH = {
     "goals": ["five_rounds"],

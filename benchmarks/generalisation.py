@@ -65,6 +65,18 @@ ENVS: dict[str, dict[str, Any]] = {
     "taxi_decoded": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi", "kwargs": {"observation": "decoded"}},
                      "library": "gyre_ma.envs.taxi_tasks:taxi_library",
                      "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
+    # PettingZoo MPE's simple_spread (mpe2): 25-step episodes, so a budget like coverage's:
+    # 600 iterations are ~90k env steps
+    "mpe_spread": {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},
+                   "library": "gyre_ma.envs.mpe_tasks:spread_library",
+                   "oracle": "gyre_ma.envs.mpe_tasks:SpreadOracle",
+                   "references": {"fixed": "gyre_ma.envs.mpe_tasks:FixedAssignment"},
+                   "iterations": 600},
+    "mpe_spread_hold": {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},
+                        "library": "gyre_ma.envs.mpe_tasks:spread_library", "library_kwargs": {"hold": True},
+                        "oracle": "gyre_ma.envs.mpe_tasks:SpreadOracle",
+                        "references": {"fixed": "gyre_ma.envs.mpe_tasks:FixedAssignment"},
+                        "iterations": 600},
     "coverage": {"env": {"id": "coverage_v0"}, "library": None,
                  "oracle": "gyre_ma.envs.coverage.oracle:OracleManager",
                  "references": {"fixed": "gyre_ma.envs.coverage.oracle:FixedAssignment",
@@ -90,6 +102,8 @@ def config(name: str, seed: int, iterations: int | None, overrides: dict[str, An
         raw["run_root"] = run_root
     if spec["library"]:
         raw["library"] = spec["library"]
+    if spec.get("library_kwargs"):
+        raw["library_kwargs"] = spec["library_kwargs"]
     iterations = iterations if iterations is not None else spec.get("iterations")
     if iterations is not None:
         raw["train"] = {"iterations": iterations}

@@ -1,0 +1,227 @@
+"""PettingZoo MPE's ``simple_spread`` (now the ``mpe2`` package) as a gyre environment,
+with the option library a user would write for it.
+
+N agents and N landmarks on a plane; every agent sees its own velocity and position and
+where the landmarks and the other agents are. The task, as the env's reward means it:
+cover every landmark at once. Milestones are read from the world's state:
+``covered_k`` (an agent touches landmark ``k``: their discs overlap, distance below the
+agent's size plus the landmark's) and the goal ``spread`` (every landmark touched at the
+same step, which ends the episode as a success). Episodes last MPE's 25 steps.
+
+Options: ``go_to_k`` per landmark and ``stay``. ``go_to_k`` pushes toward the landmark
+with the action that brings the point where the agent would coast to rest closest to it
+(MPE's damping makes that point ``p + 0.4 v + 0.2 u`` for a push ``u``); it ends when the
+agent touches ``k`` and will come to rest touching it, and fails when another agent
+is parked on ``k`` first. ``stay`` pushes nothing for one step. Which agent goes where is the
+manager's job: two agents sent to one landmark leave another uncovered.
+
+Needs ``mpe2`` (``pip install --no-deps mpe2``: it asks for ``pygame-ce``, which
+overwrites the ``pygame`` that PettingZoo's SISL envs use; ``pygame`` serves both).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+try:
+    from mpe2 import simple_spread_v3
+except ImportError as exc:  # an optional dependency: say how to get it
+    raise ImportError(f"the MPE example needs the mpe2 package ({exc}); install it with: pip install --no-deps "
+                      "mpe2 (it needs pygame, scipy and pettingzoo, which gyre-ma's dev extra has)") from exc
+
+from gyre_ma.envs.adapters import GyreAdapter, from_pettingzoo
+from gyre_ma.options.decision import Choice, Decision
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.option import Option, OptionContext
+
+MAX_LANDMARKS = 6
+_NOOP, _LEFT, _RIGHT, _DOWN, _UP = range(5)
+_PUSH = {_NOOP: (0.0, 0.0), _LEFT: (-1.0, 0.0), _RIGHT: (1.0, 0.0), _DOWN: (0.0, -1.0), _UP: (0.0, 1.0)}
+_COAST, _SHIFT = 0.4, 0.2
+"""Where an agent comes to rest without pushing, ``p + 0.4 v``, and how far one push moves that point
+(MPE: dt 0.1, damping 0.25, force 5 on a mass of 1; the position moves by the old velocity)."""
+
+
+# ---------------------------------------------------------------------- state
+def _world(env: Any) -> Any:
+    return env.world
+
+
+def _touching(world: Any, agent: Any, k: int) -> bool:
+    landmark = world.landmarks[k]
+    return bool(np.linalg.norm(agent.state.p_pos - landmark.state.p_pos) < agent.size + landmark.size)
+
+
+def _rest(agent: Any) -> np.ndarray:
+    """Where ``agent`` would coast to rest if it pushed no more."""
+    return agent.state.p_pos + _COAST * agent.state.p_vel
+
+
+def _parked(world: Any, agent: Any, k: int) -> bool:
+    """``agent`` touches landmark ``k`` and will come to rest touching it."""
+    landmark = world.landmarks[k]
+    return _touching(world, agent, k) and bool(
+        np.linalg.norm(_rest(agent) - landmark.state.p_pos) < agent.size + landmark.size)
+
+
+def covered(env: Any, k: int) -> bool:
+    """Some agent touches landmark ``k``."""
+    world = _world(env)
+    return any(_touching(world, a, k) for a in world.agents)
+
+
+def spread(env: Any) -> bool:
+    """Every landmark is touched by some agent, now."""
+    return all(covered(env, k) for k in range(len(_world(env).landmarks)))
+
+
+def _covered_k(k: int) -> Any:
+    def verify(env: Any) -> bool:
+        return covered(env, k)
+
+    verify.__name__ = verify.__qualname__ = f"covered_{k}"
+    verify.__module__ = __name__
+    return verify
+
+
+for _k in range(MAX_LANDMARKS):  # module attributes, so the graph's verifier references resolve
+    globals()[f"covered_{_k}"] = _covered_k(_k)
+
+
+def task_graph(n: int = 3) -> TaskGraph:
+    return TaskGraph.from_spec({
+        "goals": ["spread"],
+        "milestones": {
+            **{f"covered_{k}": {"description": f"an agent touches landmark {k}", "verifier": f"{__name__}:covered_{k}",
+                                "duration": 10.0} for k in range(n)},
+            "spread": {"description": "every landmark is touched at once", "verifier": f"{__name__}:spread",
+                       "requires": [f"covered_{k}" for k in range(n)], "side_effect": True, "duration": 2.0},
+        },
+    })
+
+
+def make_spread(*, n: int = 3, max_cycles: int = 25, **kwargs: Any) -> GyreAdapter:
+    """``simple_spread_v3`` with ``n`` agents and landmarks and discrete actions as a gyre
+    environment; ``kwargs`` go to its ``parallel_env`` (``local_ratio`` …)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LANDMARKS:
+        raise ValueError(f"make_spread: n must be an int in [1, {MAX_LANDMARKS}], got {n!r}")
+    env = simple_spread_v3.parallel_env(N=n, max_cycles=max_cycles, continuous_actions=False, **kwargs)
+    milestones = {f"covered_{k}": globals()[f"covered_{k}"] for k in range(n)} | {"spread": spread}
+    return from_pettingzoo(env, milestones=milestones, graph=task_graph(n), max_cycles=max_cycles)
+
+
+# ---------------------------------------------------------------------- options
+def _me(ctx: OptionContext) -> tuple[Any, Any]:
+    world = _world(ctx.env.unwrapped)
+    return world, world.agents[ctx.env.possible_agents.index(ctx.agent)]
+
+
+def push_toward(agent: Any, target: np.ndarray) -> int:
+    """The push whose resting point lies closest to ``target`` (no push on a tie)."""
+    rest = _rest(agent)
+    return min(_PUSH, key=lambda a: (float(np.linalg.norm(rest + _SHIFT * np.array(_PUSH[a]) - target)), a))
+
+
+class GoTo:
+    """Sub-policy of ``go_to_k``."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.__name__ = self.__qualname__ = f"go_to_{k}"
+        self.__module__ = __name__
+
+    def __call__(self, ctx: OptionContext) -> int:
+        world, me = _me(ctx)
+        return push_toward(me, world.landmarks[self.k].state.p_pos)
+
+    def parked(self, ctx: OptionContext) -> bool:
+        """Touching the landmark, and coming to rest touching it."""
+        world, me = _me(ctx)
+        return _parked(world, me, self.k)
+
+    def taken(self, ctx: OptionContext) -> bool:
+        """Another agent is parked on the landmark and this one does not touch it (an agent
+        passing over it on its way elsewhere takes nothing)."""
+        world, me = _me(ctx)
+        return not _touching(world, me, self.k) and any(_parked(world, a, self.k) for a in world.agents if a is not me)
+
+    def open(self, ctx: OptionContext) -> bool:
+        """Initiation: nobody else holds the landmark and this agent is not parked on it."""
+        return not self.taken(ctx) and not self.parked(ctx)
+
+
+def stay(ctx: OptionContext) -> int:
+    return _NOOP
+
+
+def one_step(ctx: OptionContext) -> bool:
+    return ctx.steps >= 1
+
+
+def never(ctx: OptionContext) -> bool:
+    return False
+
+
+def spread_library(n: int = 3, hold: bool = False) -> OptionLibrary:
+    """``go_to_0`` … ``go_to_{n-1}`` and ``stay``. With ``hold``, ``go_to_k`` does not end
+    once its agent is parked on ``k``: it holds the landmark until the episode ends (or
+    another agent takes it), so each agent is assigned once, not asked again every step."""
+    library = OptionLibrary("mpe_spread", task_graph(n))
+    for k in range(n):
+        go = GoTo(k)
+        library.add(Option(f"go_to_{k}", go, milestone=f"covered_{k}", repeatable=True, initiation=go.open,
+                           done=never if hold else go.parked, failure=go.taken, max_steps=25,
+                           description=f"drive onto landmark {k} and {'hold it' if hold else 'come to rest there'}"))
+    library.add(Option("stay", stay, done=one_step, max_steps=1, description="push nothing for one step"))
+    return library.validate()
+
+
+def _assignment(world: Any) -> tuple[int, ...]:
+    """Landmark per agent minimising the largest agent-to-landmark distance (then the sum)."""
+    agents = [a.state.p_pos for a in world.agents]
+    marks = [m.state.p_pos for m in world.landmarks]
+    dist = np.array([[np.linalg.norm(a - m) for m in marks] for a in agents])
+    best = min(itertools.permutations(range(len(marks)), len(agents)),
+               key=lambda p: (max(dist[i, k] for i, k in enumerate(p)), sum(dist[i, k] for i, k in enumerate(p))))
+    return tuple(best)
+
+
+class _Assigned:
+    """Each agent runs ``go_to`` its landmark (``_target``) while that is eligible, else stays."""
+
+    def __init__(self, *, library: OptionLibrary) -> None:
+        go = [n for n in library.names if n.startswith("go_to_")]
+        if not go or "stay" not in library.names:
+            raise ValueError(f"{type(self).__name__}: library {library.name!r} lacks go_to_k / stay options; "
+                             f"it has {library.names}")
+        self.library = library
+
+    def _target(self, d: Decision) -> int:
+        raise NotImplementedError
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        out = []
+        for d in decisions:
+            want = self.library.index(f"go_to_{self._target(d)}")
+            out.append(Choice(want if d.mask[want] else self.library.index("stay")))
+        return out
+
+
+class SpreadOracle(_Assigned):
+    """The assignment that minimises the longest drive, recomputed from the current state."""
+
+    def _target(self, d: Decision) -> int:
+        world = _world(d.env.unwrapped)
+        return _assignment(world)[d.agent_index]
+
+
+class FixedAssignment(_Assigned):
+    """Agent ``k`` → landmark ``k``, whatever the layout."""
+
+    def _target(self, d: Decision) -> int:
+        return d.agent_index

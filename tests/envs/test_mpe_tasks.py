@@ -1,0 +1,107 @@
+"""PettingZoo MPE simple_spread as a gyre env: PettingZoo's tests pass through the adapter,
+the oracle covers every landmark on almost every seed (a fixed assignment and a random
+order less often), ``go_to_k`` parks its agent on the landmark, and a landmark another
+agent holds ends the call as a failure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpe2", reason="PettingZoo MPE (pip install --no-deps mpe2) is not installed")
+
+from gyre_ma.agents.baselines import RandomManager  # noqa: E402
+from gyre_ma.checks import check_setup  # noqa: E402
+from gyre_ma.envs.checks import check_env  # noqa: E402
+from gyre_ma.envs.mpe_tasks import (  # noqa: E402
+    FixedAssignment,
+    SpreadOracle,
+    covered,
+    make_spread,
+    push_toward,
+    spread,
+    spread_library,
+)
+from gyre_ma.options.decision import Choice, Decision  # noqa: E402
+from gyre_ma.options.option import Termination  # noqa: E402
+from gyre_ma.rollout import run_episode  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+def test_pettingzoo_tests_pass_and_milestones_are_read_from_the_world() -> None:
+    report = check_env(make_spread, n_steps=100)
+    assert {"parallel_api_test", "parallel_seed_test"} <= set(report.pettingzoo_tests)
+    assert check_setup(make_spread, spread_library(), n_steps=200).milestones >= {"covered_0", "covered_1"}
+    env = make_spread()
+    env.reset(seed=0)
+    world = env.unwrapped.world
+    assert not spread(env.unwrapped)
+    for agent, landmark in zip(world.agents, world.landmarks):
+        agent.state.p_pos = landmark.state.p_pos.copy()
+    assert spread(env.unwrapped) and all(covered(env.unwrapped, k) for k in range(3))
+
+
+def test_oracle_beats_the_fixed_assignment_and_random_order() -> None:
+    env, library = make_spread(), spread_library()
+    rates = {}
+    for name, build in (("oracle", lambda s: SpreadOracle(library=library)),
+                        ("fixed", lambda s: FixedAssignment(library=library)), ("random", RandomManager)):
+        runs = [run_episode(env, library, build(s), seed=s) for s in range(60)]
+        assert not any(t.dead_ends for t in runs)
+        rates[name] = np.mean([t.success for t in runs]), np.mean([t.length for t in runs])
+    assert rates["oracle"][0] >= 0.95 and rates["oracle"][1] < 14
+    assert rates["fixed"][0] < rates["oracle"][0] and rates["fixed"][1] > rates["oracle"][1]
+    assert rates["random"][0] < 0.5
+
+
+def test_push_toward_brings_the_agent_to_rest_on_its_target() -> None:
+    env = make_spread()
+    env.reset(seed=3)
+    agent = env.unwrapped.world.agents[0]
+    target = np.array([0.5, -0.5])
+    for _ in range(40):
+        env.step({a: (push_toward(agent, target) if a == "agent_0" else 0) for a in env.agents})
+        if not env.agents:
+            break
+    assert np.linalg.norm(agent.state.p_pos - target) < agent.size and np.linalg.norm(agent.state.p_vel) < 0.3
+
+
+class _Everyone:
+    """Every agent heads for landmark 0, then stays."""
+
+    def __init__(self, library) -> None:
+        self.library = library
+
+    def decide(self, decisions: Sequence[Decision]) -> list[Choice]:
+        go = self.library.index("go_to_0")
+        return [Choice(go if d.mask[go] else self.library.index("stay")) for d in decisions]
+
+
+def test_a_landmark_held_by_another_agent_fails_the_call_and_closes_the_option() -> None:
+    env, library = make_spread(), spread_library()
+    traj = run_episode(env, library, _Everyone(library), seed=1)
+    assert not traj.success
+    go = library.index("go_to_0")
+    ends = [c.termination for c in traj.calls if c.option == go]
+    assert Termination.FAILURE in ends  # the agents that arrived second
+    assert Termination.DONE in ends  # the one that parked
+
+
+def test_with_hold_a_parked_agent_keeps_its_landmark_to_the_end() -> None:
+    env, library, parking = make_spread(), spread_library(hold=True), spread_library()
+    runs = [run_episode(env, library, SpreadOracle(library=library), seed=s) for s in range(30)]
+    asked = [run_episode(env, parking, SpreadOracle(library=parking), seed=s) for s in range(30)]
+    assert np.mean([t.success for t in runs]) >= 0.95
+    stay = library.index("stay")
+    for t in runs:
+        if t.success:  # every agent's last go_to call is still running when the task is done
+            last = {c.agent: c for c in t.calls}
+            assert all(c.termination is Termination.EPISODE for c in last.values() if c.option != stay)
+    # without hold a parked agent is asked again every step (and must choose stay each time)
+    assert np.mean([len(t.calls) for t in runs]) + 4 < np.mean([len(t.calls) for t in asked])
+    random = [run_episode(env, library, RandomManager(s), seed=s) for s in range(30)]
+    parked = [run_episode(env, parking, RandomManager(s), seed=s) for s in range(30)]
+    assert np.mean([t.success for t in random]) > np.mean([t.success for t in parked]) + 0.2

@@ -268,6 +268,21 @@ def run_seeds(args: argparse.Namespace) -> tuple[list[int], list[int]]:
             list(range(args.first_seed, args.first_seed + args.seeds)))
 
 
+def _missing_packages(names: list[str]) -> dict[str, str]:
+    """The envs of ``names`` whose module (an optional extra's) does not import, with why."""
+    import importlib
+
+    missing = {}
+    for name in names:
+        source = ENVS[name]["env"]["id"]
+        if ":" in source:
+            try:
+                importlib.import_module(source.split(":")[0])
+            except ImportError as exc:
+                missing[name] = str(exc)
+    return missing
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated, from {list(ENVS)}")
@@ -279,6 +294,9 @@ def main() -> None:
     unknown = [n for n in names if n not in ENVS]
     if unknown:
         raise SystemExit(f"--envs: unknown {unknown}; known: {list(ENVS)}")
+    missing = _missing_packages(names)
+    if missing:  # before any training: a run of every env would otherwise end at the first one missing
+        raise SystemExit("--envs: " + "; ".join(f"{n} cannot be imported ({e})" for n, e in missing.items()))
     eval_seeds, seeds = run_seeds(args)
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

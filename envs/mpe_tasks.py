@@ -11,8 +11,9 @@ same step, which ends the episode as a success). Episodes last MPE's 25 steps.
 Options: ``go_to_k`` per landmark and ``stay``. ``go_to_k`` pushes toward the landmark
 with the action that brings the point where the agent would coast to rest closest to it
 (MPE's damping makes that point ``p + 0.4 v + 0.2 u`` for a push ``u``); it ends when the
-agent touches ``k`` and will come to rest touching it, and fails when another agent
-is parked on ``k`` first. ``stay`` pushes nothing for one step. Which agent goes where is the
+agent touches ``k`` and will come to rest touching it (with ``spread_library(hold=True)`` it
+holds the landmark to the end of the episode instead), and fails when another agent is
+parked on ``k`` first. ``stay`` pushes nothing for one step. Which agent goes where is the
 manager's job: two agents sent to one landmark leave another uncovered.
 
 Needs ``mpe2`` (``pip install --no-deps mpe2``: it asks for ``pygame-ce``, which

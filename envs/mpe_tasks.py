@@ -37,7 +37,7 @@ except ImportError as exc:  # an optional dependency: say how to get it
 from gyre_ma.envs.adapters import GyreAdapter, from_pettingzoo
 from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
-from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.library import OptionLibrary, export
 from gyre_ma.options.option import Option, OptionContext
 
 MAX_LANDMARKS = 6
@@ -85,13 +85,11 @@ def _covered_k(k: int) -> Any:
     def verify(env: Any) -> bool:
         return covered(env, k)
 
-    verify.__name__ = verify.__qualname__ = f"covered_{k}"
-    verify.__module__ = __name__
     return verify
 
 
 for _k in range(MAX_LANDMARKS):  # module attributes, so the graph's verifier references resolve
-    globals()[f"covered_{_k}"] = _covered_k(_k)
+    export(globals(), f"covered_{_k}", _covered_k(_k))
 
 
 def task_graph(n: int = 3) -> TaskGraph:
@@ -133,27 +131,46 @@ class GoTo:
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.__name__ = self.__qualname__ = f"go_to_{k}"
-        self.__module__ = __name__
 
     def __call__(self, ctx: OptionContext) -> int:
         world, me = _me(ctx)
         return push_toward(me, world.landmarks[self.k].state.p_pos)
 
-    def parked(self, ctx: OptionContext) -> bool:
-        """Touching the landmark, and coming to rest touching it."""
-        world, me = _me(ctx)
-        return _parked(world, me, self.k)
 
-    def taken(self, ctx: OptionContext) -> bool:
-        """Another agent is parked on the landmark and this one does not touch it (an agent
+def _parked_on(k: int) -> Any:
+    def parked(ctx: OptionContext) -> bool:
+        """Touching landmark ``k``, and coming to rest touching it."""
+        world, me = _me(ctx)
+        return _parked(world, me, k)
+
+    return parked
+
+
+def _taken(k: int) -> Any:
+    def taken(ctx: OptionContext) -> bool:
+        """Another agent is parked on landmark ``k`` and this one does not touch it (an agent
         passing over it on its way elsewhere takes nothing)."""
         world, me = _me(ctx)
-        return not _touching(world, me, self.k) and any(_parked(world, a, self.k) for a in world.agents if a is not me)
+        return not _touching(world, me, k) and any(_parked(world, a, k) for a in world.agents if a is not me)
 
-    def open(self, ctx: OptionContext) -> bool:
-        """Initiation: nobody else holds the landmark and this agent is not parked on it."""
-        return not self.taken(ctx) and not self.parked(ctx)
+    return taken
+
+
+def _open(k: int) -> Any:
+    parked, taken = _parked_on(k), _taken(k)
+
+    def open_(ctx: OptionContext) -> bool:
+        """Initiation: nobody else holds landmark ``k`` and this agent is not parked on it."""
+        return not taken(ctx) and not parked(ctx)
+
+    return open_
+
+
+_GO_TO = [(export(globals(), f"go_to_{k}", GoTo(k)), export(globals(), f"parked_{k}", _parked_on(k)),
+           export(globals(), f"taken_{k}", _taken(k)), export(globals(), f"open_{k}", _open(k)))
+          for k in range(MAX_LANDMARKS)]
+"""Per landmark: ``go_to_k``'s sub-policy and its done, failure and initiation predicates,
+module attributes (a dumped library's references resolve)."""
 
 
 def stay(ctx: OptionContext) -> int:
@@ -173,10 +190,9 @@ def spread_library(n: int = 3, hold: bool = False) -> OptionLibrary:
     once its agent is parked on ``k``: it holds the landmark until the episode ends (or
     another agent takes it), so each agent is assigned once, not asked again every step."""
     library = OptionLibrary("mpe_spread", task_graph(n))
-    for k in range(n):
-        go = GoTo(k)
-        library.add(Option(f"go_to_{k}", go, milestone=f"covered_{k}", repeatable=True, initiation=go.open,
-                           done=never if hold else go.parked, failure=go.taken, max_steps=25,
+    for k, (go, parked, taken, open_) in enumerate(_GO_TO[:n]):
+        library.add(Option(f"go_to_{k}", go, milestone=f"covered_{k}", repeatable=True, initiation=open_,
+                           done=never if hold else parked, failure=taken, max_steps=25,
                            description=f"drive onto landmark {k} and {'hold it' if hold else 'come to rest there'}"))
     library.add(Option("stay", stay, done=one_step, max_steps=1, description="push nothing for one step"))
     return library.validate()

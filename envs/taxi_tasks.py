@@ -30,7 +30,7 @@ from gymnasium.wrappers import TransformObservation
 from gyre_ma.envs.adapters import GyreAdapter, from_gymnasium
 from gyre_ma.options.decision import Choice, Decision
 from gyre_ma.options.graph import TaskGraph
-from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.library import OptionLibrary, export
 from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext
 
 TAXI_ID = "Taxi-v4" if "Taxi-v4" in gymnasium.registry else "Taxi-v3"
@@ -131,7 +131,6 @@ def _drive_to(k: int) -> Callable[[OptionContext], int]:
         stand = _stand(env, k)
         return CANNOT_PROCEED if (row, col) == stand else _first_move(env, (row, col), stand)
 
-    drive.__name__ = drive.__qualname__ = f"drive_to_{STANDS[k]}"
     return drive
 
 
@@ -140,7 +139,6 @@ def _at_stand(k: int) -> Callable[[OptionContext], bool]:
         env = ctx.env.unwrapped
         return _state(env)[:2] == _stand(env, k)
 
-    at.__name__ = at.__qualname__ = f"at_{STANDS[k]}"
     return at
 
 
@@ -150,8 +148,13 @@ def _away_from(k: int) -> Callable[[OptionContext], bool]:
     def away(ctx: OptionContext) -> bool:
         return not at(ctx)
 
-    away.__name__ = away.__qualname__ = f"away_from_{STANDS[k]}"
     return away
+
+
+_STANDS = [(export(globals(), f"drive_to_{name}", _drive_to(k)), export(globals(), f"at_{name}", _at_stand(k)),
+            export(globals(), f"away_from_{name}", _away_from(k))) for k, name in enumerate(STANDS)]
+"""Per stand: ``go_to_<stand>``'s sub-policy and its done and initiation predicates, module
+attributes (a dumped library's references resolve)."""
 
 
 def pickup(ctx: OptionContext) -> int:
@@ -166,8 +169,8 @@ def taxi_library() -> OptionLibrary:
     """Four ``go_to_<stand>`` options (repeatable, ending at the stand, eligible away from
     it), ``pickup`` (restores ``picked_up``) and ``dropoff`` (one step each)."""
     library = OptionLibrary("taxi", task_graph())
-    for k, name in enumerate(STANDS):
-        library.add(Option(f"go_to_{name}", _drive_to(k), done=_at_stand(k), initiation=_away_from(k),
+    for name, (drive, at, away) in zip(STANDS, _STANDS, strict=True):
+        library.add(Option(f"go_to_{name}", drive, done=at, initiation=away,
                            repeatable=True, max_steps=20, description=f"drive to stand {name}"))
     library.add(Option("pickup", pickup, milestone="picked_up", repeatable=True, max_steps=1,
                        description="pick the passenger up (again, if they were set down)"))

@@ -52,6 +52,17 @@ def reference(obj: Any) -> str:
     return f"{module}:{qualname}"
 
 
+def export(namespace: dict[str, Any], name: str, obj: Any) -> Any:
+    """``obj`` (a closure or callable instance made in a loop, one per landmark or stand) as
+    ``namespace[name]``, a module's attribute, named so that :func:`reference` gives
+    ``module:name`` and :func:`resolve` finds it again: a library holding it can be dumped
+    and loaded back. ``namespace`` is the module's ``globals()``."""
+    obj.__name__ = obj.__qualname__ = name
+    obj.__module__ = namespace["__name__"]
+    namespace[name] = obj
+    return obj
+
+
 class OptionLibrary:
     """Options over one task graph. Iteration order is the option index order the
     manager's categorical distribution uses."""

@@ -105,3 +105,15 @@ def test_with_hold_a_parked_agent_keeps_its_landmark_to_the_end() -> None:
     random = [run_episode(env, library, RandomManager(s), seed=s) for s in range(30)]
     parked = [run_episode(env, parking, RandomManager(s), seed=s) for s in range(30)]
     assert np.mean([t.success for t in random]) > np.mean([t.success for t in parked]) + 0.2
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_the_library_dumps_and_loads_back(tmp_path, hold: bool) -> None:
+    from gyre_ma.options.library import OptionLibrary
+
+    library = spread_library(hold=hold)
+    library.dump(tmp_path / "spread.yaml")
+    loaded = OptionLibrary.load(tmp_path / "spread.yaml")
+    assert loaded.to_spec() == library.to_spec()
+    assert all((a.policy, a.initiation, a.done, a.failure) == (b.policy, b.initiation, b.done, b.failure)
+               for a, b in zip(loaded, library))  # the module's own objects, resolved by name

@@ -124,3 +124,14 @@ def test_a_go_to_option_at_its_stand_cannot_proceed_and_is_not_eligible() -> Non
     ctx = OptionContext("agent_0", env, None, frozenset())
     assert option.policy(ctx) is CANNOT_PROCEED and not option.can_start(ctx)
     assert library.mask(frozenset(), ctx)[library.index(option.name)] == False  # noqa: E712
+
+
+def test_the_library_dumps_and_loads_back(tmp_path) -> None:
+    from gyre_ma.options.library import reference
+
+    library = taxi_library()
+    library.dump(tmp_path / "taxi.yaml")
+    loaded = OptionLibrary.load(tmp_path / "taxi.yaml")
+    assert loaded.to_spec() == library.to_spec()
+    assert [reference(o.policy) for o in loaded] == [reference(o.policy) for o in library]
+    assert all(a.policy is b.policy and a.done is b.done for a, b in zip(loaded, library))  # the module's own objects

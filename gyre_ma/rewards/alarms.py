@@ -176,7 +176,11 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
     outside envs of ``benchmarks/generalisation.py``. On coverage_v0,
     healthy runs raised this alarm 12-16 times in 1,200 iterations when the calls per
     episode (3 at best) drifted up by one or two in a window; the correlation was negative
-    in 31 of those 32 windows. Option *choices* (calls made among two or more eligible
+    in 31 of those 32 windows. The reward's rise must pass the same rank test: healthy MPE
+    simple_spread runs (agents asked every step choosing ``stay`` more, success flat or
+    falling) raised the alarm 2-3 times in 600 iterations while the reward per episode moved
+    by 1-4 %, within its scatter (rank test p 0.5-0.79); farmed calls are paid, iteration
+    after iteration. Option *choices* (calls made among two or more eligible
     options), not all option calls: a forced call is no decision of the manager's, and forced
     calls (a finished agent's only option, every step) multiply as failures run to the cap.
 
@@ -202,8 +206,11 @@ def calls_without_completion(history: History, *, window: int = 10, calls_key: s
         r0, r1 = halves(reward)
         if r1 <= r0:  # the extra calls bought no reward (failures running long lose it): not farmed for pay
             return None
-        values |= {"reward_before": r0, "reward_after": r1}
-        bought = f"; the reward per episode rose {r0:.3g} -> {r1:.3g}"
+        paid_p = rise_p_value(reward)
+        if paid_p > significance:  # the reward's rise is within its own scatter: nothing was bought
+            return None
+        values |= {"reward_before": r0, "reward_after": r1, "reward_rise_p": paid_p}
+        bought = f"; the reward per episode rose {r0:.3g} -> {r1:.3g} (p = {paid_p:.2g})"
         paid = _correlation(calls, reward)
         if paid is not None:
             if paid < 0:  # the window's iterations with more calls paid less: failures, not farming

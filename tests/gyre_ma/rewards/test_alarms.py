@@ -253,3 +253,30 @@ def test_calls_that_scatter_without_a_trend_are_not_a_calls_alarm():
         m["reward/total"] = r
     a = calls_without_completion(h)
     assert a is not None and a.values["calls_rise_p"] == pytest.approx(1 / 252)
+
+
+def test_calls_whose_pay_rises_within_its_scatter_are_not_a_calls_alarm():
+    """A healthy MPE simple_spread run (``mpe_spread``, seed 0, iterations 296-305, as
+    logged): choices per episode climbed as agents asked every step chose ``stay`` more,
+    success fell, and the halves' reward rose 1 % (8.32 -> 8.40) while scattering from 3.75
+    to 10.1; the alarm fired. The calls' rise passes the rank test, the reward's does not
+    (p = 0.79): nothing was bought. The same calls paid more each time still fire."""
+    choices = [18.88, 17.5, 13.88, 6.62, 20.62, 22.62, 25.5, 21.25, 22.88, 19.0]
+    success = [0.5, 0.25, 0.5, 0.5, 0.25, 0.375, 0.125, 0.125, 0.125, 0.125]
+    verified = [3.38, 3.12, 3.5, 3.25, 3.12, 3.0, 3.12, 3.12, 3.12, 3.12]
+    reward = [10.12, 9.38, 9.0, 3.75, 9.38, 9.0, 6.38, 9.38, 9.38, 7.88]
+
+    def window(paid):
+        h = history(paid, success, calls=choices)
+        for m, v in zip(h, verified, strict=True):
+            m["milestones_verified"] = v
+        return h
+
+    first, second = halves(reward)
+    assert second > first and rise_p_value(choices) <= 0.05  # what the rule before this test asked
+    assert rise_p_value(reward) > 0.5
+    assert calls_without_completion(window(reward)) is None
+    assert HackingMonitor().check(window(reward)) == []
+    paid = sorted(reward)  # the same pay, rising iteration after iteration
+    a = calls_without_completion(window(paid))
+    assert a is not None and a.values["reward_rise_p"] <= 0.05

@@ -13,8 +13,9 @@ with the action that brings the point where the agent would coast to rest closes
 (MPE's damping makes that point ``p + 0.4 v + 0.2 u`` for a push ``u``); it ends when the
 agent touches ``k`` and will come to rest touching it (with ``spread_library(hold=True)`` it
 holds the landmark to the end of the episode instead), and fails when another agent is
-parked on ``k`` first. ``stay`` pushes nothing for one step. Which agent goes where is the
-manager's job: two agents sent to one landmark leave another uncovered.
+parked on ``k`` first. ``go_to_k`` is ``exclusive``: while one agent runs it, it is not
+eligible for the others, so two agents are never sent to one landmark. ``stay`` pushes
+nothing for one step. Which agent goes where is the manager's job.
 
 Needs ``mpe2`` (``pip install --no-deps mpe2``: it asks for ``pygame-ce``, which
 overwrites the ``pygame`` that PettingZoo's SISL envs use; ``pygame`` serves both).
@@ -186,13 +187,21 @@ def never(ctx: OptionContext) -> bool:
 
 
 def spread_library(n: int = 3, hold: bool = False) -> OptionLibrary:
-    """``go_to_0`` … ``go_to_{n-1}`` and ``stay``. With ``hold``, ``go_to_k`` does not end
-    once its agent is parked on ``k``: it holds the landmark until the episode ends (or
-    another agent takes it), so each agent is assigned once, not asked again every step."""
+    """``go_to_0`` … ``go_to_{n-1}`` (exclusive: one agent heads for a landmark at a time)
+    and ``stay``. With ``hold``, ``go_to_k`` does not end once its agent is parked on ``k``:
+    it holds the landmark until the episode ends (or another agent takes it), so each agent
+    is assigned once, not asked again every step.
+
+    Without ``exclusive`` (session 40) a later agent could head for the landmark an earlier
+    one had just taken, and the learner kept doing so on 5-8 % of layouts; a parked agent,
+    asked every step, could leave for any landmark, so staying took ten or more ``stay``
+    choices in a row, and the default learner did no better than a random order (0.18-0.23
+    held-out success). Exclusive, a parked agent's only eligible option once every other
+    landmark is taken or headed for is ``stay``: a forced call, not a choice."""
     library = OptionLibrary("mpe_spread", task_graph(n))
     for k, (go, parked, taken, open_) in enumerate(_GO_TO[:n]):
         library.add(Option(f"go_to_{k}", go, milestone=f"covered_{k}", repeatable=True, initiation=open_,
-                           done=never if hold else parked, failure=taken, max_steps=25,
+                           done=never if hold else parked, failure=taken, max_steps=25, exclusive=True,
                            description=f"drive onto landmark {k} and {'hold it' if hold else 'come to rest there'}"))
     library.add(Option("stay", stay, done=one_step, max_steps=1, description="push nothing for one step"))
     return library.validate()

@@ -1,7 +1,7 @@
 """PettingZoo MPE simple_spread as a gyre env: PettingZoo's tests pass through the adapter,
-the oracle covers every landmark on almost every seed (a fixed assignment and a random
-order less often), ``go_to_k`` parks its agent on the landmark, and a landmark another
-agent holds ends the call as a failure."""
+the oracle covers every landmark on almost every seed, faster than a fixed assignment or a
+random order, ``go_to_k`` parks its agent on the landmark, one agent at a time heads for a
+landmark, and a landmark another agent holds ends the call as a failure."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def test_oracle_beats_the_fixed_assignment_and_random_order() -> None:
         assert not any(t.dead_ends for t in runs)
         rates[name] = np.mean([t.success for t in runs]), np.mean([t.length for t in runs])
     assert rates["oracle"][0] >= 0.95 and rates["oracle"][1] < 14
-    assert rates["fixed"][0] < rates["oracle"][0] and rates["fixed"][1] > rates["oracle"][1]
-    assert rates["random"][0] < 0.5
+    assert rates["fixed"][0] < rates["oracle"][0] and rates["fixed"][1] > rates["oracle"][1] + 2
+    assert rates["random"][1] > rates["oracle"][1] + 3  # go_to is exclusive: random orders cover, but slowly
 
 
 def test_push_toward_brings_the_agent_to_rest_on_its_target() -> None:
@@ -70,7 +70,7 @@ def test_push_toward_brings_the_agent_to_rest_on_its_target() -> None:
 
 
 class _Everyone:
-    """Every agent heads for landmark 0, then stays."""
+    """Every agent heads for landmark 0 if it may, else stays."""
 
     def __init__(self, library) -> None:
         self.library = library
@@ -80,14 +80,32 @@ class _Everyone:
         return [Choice(go if d.mask[go] else self.library.index("stay")) for d in decisions]
 
 
-def test_a_landmark_held_by_another_agent_fails_the_call_and_closes_the_option() -> None:
+def test_one_agent_at_a_time_heads_for_a_landmark() -> None:
     env, library = make_spread(), spread_library()
+    go = library.index("go_to_0")
     traj = run_episode(env, library, _Everyone(library), seed=1)
     assert not traj.success
-    go = library.index("go_to_0")
-    ends = [c.termination for c in traj.calls if c.option == go]
-    assert Termination.FAILURE in ends  # the agents that arrived second
-    assert Termination.DONE in ends  # the one that parked
+    runs = [c for c in traj.calls if c.option == go]
+    assert [c.agent for c in runs] == ["agent_0"] and runs[0].termination is Termination.DONE
+    assert all(not c.mask[go] for c in traj.calls if c.agent != "agent_0")  # running, then held by agent_0
+
+
+def test_a_landmark_held_by_another_agent_fails_the_call_and_closes_the_option() -> None:
+    from gyre_ma.options.option import OptionContext
+
+    env, library = make_spread(), spread_library()
+    observations, _ = env.reset(seed=1)
+    world = env.unwrapped.world
+    go = library["go_to_0"]
+
+    def ctx(agent: str) -> OptionContext:
+        return OptionContext(agent, env, observations[agent], frozenset(), rng=np.random.default_rng(0))
+
+    assert go.initiation(ctx("agent_0")) and not go.failure(ctx("agent_0"))
+    holder = world.agents[1]  # agent_1 comes to rest on landmark 0
+    holder.state.p_pos, holder.state.p_vel = world.landmarks[0].state.p_pos.copy(), np.zeros(2)
+    assert go.failure(ctx("agent_0")) and not go.initiation(ctx("agent_0"))  # taken: agent_0's call fails
+    assert not go.failure(ctx("agent_1")) and go.done(ctx("agent_1"))  # the holder's own call is done
 
 
 def test_with_hold_a_parked_agent_keeps_its_landmark_to_the_end() -> None:
@@ -102,9 +120,6 @@ def test_with_hold_a_parked_agent_keeps_its_landmark_to_the_end() -> None:
             assert all(c.termination is Termination.EPISODE for c in last.values() if c.option != stay)
     # without hold a parked agent is asked again every step (and must choose stay each time)
     assert np.mean([len(t.calls) for t in runs]) + 4 < np.mean([len(t.calls) for t in asked])
-    random = [run_episode(env, library, RandomManager(s), seed=s) for s in range(30)]
-    parked = [run_episode(env, parking, RandomManager(s), seed=s) for s in range(30)]
-    assert np.mean([t.success for t in random]) > np.mean([t.success for t in parked]) + 0.2
 
 
 @pytest.mark.parametrize("hold", [False, True])

@@ -140,18 +140,51 @@ def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = No
             for key, build in managers.items()}
 
 
+SCRATCH = "gyre-generalisation-"
+"""Prefix of a training run's temporary folder, followed by its process id."""
+
+
+def sweep_scratch(folder: str | None = None) -> list[str]:
+    """Remove the run folders in ``folder`` (the temporary directory) that killed runs left:
+    each is named with its process's id, and one whose process is gone is no one's. Returns
+    what it removed. A folder of a live process, or one not named so, is left alone."""
+    import shutil
+    from pathlib import Path
+
+    removed = []
+    for path in Path(folder or tempfile.gettempdir()).glob(f"{SCRATCH}*"):
+        pid = path.name[len(SCRATCH):].split("-", 1)[0]
+        if path.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def trained(name: str, seed: int, iterations: int | None, overrides: dict[str, Any] | None = None,
             on_iteration: Callable[[Any, int, dict[str, float]], None] | None = None) -> Iterator[tuple[Any, float]]:
     """The default learner trained on ``name`` with run seed ``seed`` (one torch thread),
     as ``(gyre, training seconds)``; closed on leaving. ``on_iteration(gyre, i, metrics)`` is
-    called after each iteration. Its run directory (checkpoints) is a temporary one, removed on leaving."""
+    called after each iteration. Its run directory (checkpoints) is a temporary one, removed on
+    leaving; those of runs killed before they could remove theirs are removed first
+    (:func:`sweep_scratch`)."""
     import torch
 
     from gyre_ma.loop import Gyre
 
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="gyre-generalisation-") as root:
+    sweep_scratch()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH}{os.getpid()}-") as root:
         cfg = config(name, seed, iterations, overrides, run_root=root)
         gyre = Gyre(cfg, os.path.join(cfg.run_root, cfg.name))
         try:

@@ -1,0 +1,38 @@
+"""The generalisation benchmark's run folders: a killed run's is removed by the next run,
+a live run's and anything not named for a process are left alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("generalisation_bench", ROOT / "benchmarks" / "generalisation.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_a_killed_runs_folder_is_swept_and_no_other(tmp_path):
+    bench = _benchmark()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its id now names no process (reuse within the test is not a worry)
+    dead = tmp_path / f"{bench.SCRATCH}{gone.pid}-abc123"
+    live = tmp_path / f"{bench.SCRATCH}{os.getpid()}-def456"
+    unnamed = tmp_path / f"{bench.SCRATCH}k3j_x9"  # the naming before process ids
+    other = tmp_path / f"gyre-faults-{gone.pid}-x"
+    for folder in (dead, live, unnamed, other):
+        (folder / "run").mkdir(parents=True)
+        (folder / "run" / "latest.pt").write_bytes(b"x")
+    assert bench.sweep_scratch(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and live.exists() and unnamed.exists() and other.exists()

@@ -16,6 +16,12 @@ and reads each episode's step-0 choices (agent 0's, then agent 1's seeing it, th
 The references play the same seeds: the oracle, the fixed assignment (agent k → landmark
 k), and nearest-free (each agent in turn takes its nearest landmark no earlier agent took).
 
+``cloned``: whether the manager's network can represent the layout at all. The default
+network (the config's ``manager.hidden`` and ``layers``, the same features) is fitted by
+cross-entropy to the oracle's choices on ``--clone-episodes`` training seeds (Adam, lr
+1e-3, 60 epochs) and plays the held-out seeds greedily. If it plays near the oracle, what
+the learner lacks is signal, not capacity or inputs.
+
     python benchmarks/mpe_assignment.py --env mpe_spread_hold --seed 0
 
 Prints one JSON object.
@@ -74,6 +80,51 @@ def summarise(trajectories: Sequence[Any], library: Any, layouts: dict[int, Any]
     return out
 
 
+def clone(env: Any, library: Any, oracle: Any, *, episodes: int, hidden: int, layers: int) -> Any:
+    """A manager network fitted to ``oracle``'s choices on task seeds 0 .. ``episodes`` - 1;
+    returns a greedy manager playing it."""
+    import torch
+
+    from gyre_ma.agents.manager import Featurizer, ManagerPolicy
+    from gyre_ma.options.decision import Choice
+    from gyre_ma.rollout import run_episode
+
+    featurize = Featurizer(env.observation_space(env.possible_agents[0]), library, n_agents=len(env.possible_agents))
+    rows: list[tuple[np.ndarray, int, np.ndarray, int]] = []
+
+    class Recorder:
+        def decide(self, decisions: Sequence[Any]) -> list[Any]:
+            choices = oracle.decide(decisions)
+            rows.extend((featurize(d), d.agent_index, d.mask.copy(), c.option) for d, c in zip(decisions, choices))
+            return choices
+
+    for seed in range(episodes):
+        run_episode(env, library, Recorder(), seed=seed)
+    x, agent, mask, target = (torch.tensor(np.stack(col)) for col in zip(*rows))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        policy = ManagerPolicy(featurize.dim, len(library), len(env.possible_agents), hidden=hidden, layers=layers)
+        optimiser = torch.optim.Adam(policy.parameters(), lr=1e-3)
+        for _ in range(60):
+            order = torch.randperm(len(target))
+            for at in range(0, len(target), 256):
+                b = order[at:at + 256]
+                loss = torch.nn.functional.cross_entropy(policy(x[b], agent[b], mask[b]), target[b])
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+
+    class Greedy:
+        @torch.no_grad()
+        def decide(self, decisions: Sequence[Any]) -> list[Any]:
+            logits = policy(torch.tensor(np.stack([featurize(d) for d in decisions])),
+                            torch.tensor([d.agent_index for d in decisions]),
+                            torch.tensor(np.stack([d.mask for d in decisions])))
+            return [Choice(int(k)) for k in logits.argmax(-1)]
+
+    return Greedy()
+
+
 class NearestFree:
     """Each agent in turn heads for its nearest landmark that no agent before it runs to."""
 
@@ -101,6 +152,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="default: the entry's budget")
     parser.add_argument("--eval-episodes", type=int, default=300)
     parser.add_argument("--eval-seed", type=int, default=2_000_000)
+    parser.add_argument("--clone-episodes", type=int, default=2000, help="oracle episodes to clone (0: no clone)")
     candidate_argument(parser)
     args = parser.parse_args()
     overrides = parsed_overrides(args)
@@ -121,8 +173,12 @@ def main() -> None:
 
     references = {"oracle": make_oracle(cfg.env.id, env, library, ENVS[args.env]["oracle"]),
                   "fixed": FixedAssignment(library=library), "nearest_free": NearestFree(library=library)}
+    if args.clone_episodes:
+        references["cloned"] = clone(env, library, references["oracle"], episodes=args.clone_episodes,
+                                     hidden=cfg.manager.hidden, layers=cfg.manager.layers)
     out: dict[str, Any] = {"benchmark": "mpe_assignment", "env": args.env, "seed": args.seed,
                            "overrides": overrides, "eval_episodes": args.eval_episodes,
+                           "clone_episodes": args.clone_episodes,
                            "references": {name: summarise([run_episode(env, library, m, seed=s) for s in seeds],
                                                           library, layouts) for name, m in references.items()}}
     with trained(args.env, args.seed, args.iterations, overrides) as (gyre, seconds):

@@ -29,6 +29,14 @@ def history(reward, success, calls=None, rules=None):
     return out
 
 
+def logged(reward, success, calls, verified):
+    """A window as a run logged it: reward, success, option choices and milestones verified per episode."""
+    h = history(reward, success, calls=calls)
+    for m, v in zip(h, verified, strict=True):
+        m["milestones_verified"] = v
+    return h
+
+
 def ramp(a, b, n=10):
     return [a + (b - a) * i / (n - 1) for i in range(n)]
 
@@ -206,17 +214,11 @@ def test_calls_that_pay_less_iteration_by_iteration_are_failed_retries_not_a_cal
     verified = [2.875, 3.0, 2.625, 2.75, 2.25, 2.625, 2.0, 2.875, 2.625, 2.875]
     reward = [2.625, 3.0, 1.875, 2.25, 0.75, 2.25, 1.125, 2.625, 1.875, 2.625]
 
-    def window(paid):
-        h = history(paid, success, calls=choices)
-        for m, v in zip(h, verified, strict=True):
-            m["milestones_verified"] = v
-        return h
-
     assert halves(reward)[1] >= halves(reward)[0]  # the reward did not fall: the old rule fired
-    assert calls_without_completion(window(reward), reward_key=None) is not None
-    assert calls_without_completion(window(reward)) is None
+    assert calls_without_completion(logged(reward, success, choices, verified), reward_key=None) is not None
+    assert calls_without_completion(logged(reward, success, choices, verified)) is None
     paid = [2.0 + 0.5 * c for c in choices]  # each extra call paid
-    a = calls_without_completion(window(paid))
+    a = calls_without_completion(logged(paid, success, choices, verified))
     assert a is not None and a.values["calls_reward_correlation"] == pytest.approx(1.0)
 
 
@@ -266,17 +268,11 @@ def test_calls_whose_pay_rises_within_its_scatter_are_not_a_calls_alarm():
     verified = [3.38, 3.12, 3.5, 3.25, 3.12, 3.0, 3.12, 3.12, 3.12, 3.12]
     reward = [10.12, 9.38, 9.0, 3.75, 9.38, 9.0, 6.38, 9.38, 9.38, 7.88]
 
-    def window(paid):
-        h = history(paid, success, calls=choices)
-        for m, v in zip(h, verified, strict=True):
-            m["milestones_verified"] = v
-        return h
-
     first, second = halves(reward)
     assert second > first and rise_p_value(choices) <= 0.05  # what the rule before this test asked
     assert rise_p_value(reward) > 0.5
-    assert calls_without_completion(window(reward)) is None
-    assert HackingMonitor().check(window(reward)) == []
+    assert calls_without_completion(logged(reward, success, choices, verified)) is None
+    assert HackingMonitor().check(logged(reward, success, choices, verified)) == []
     paid = sorted(reward)  # the same pay, rising iteration after iteration
-    a = calls_without_completion(window(paid))
+    a = calls_without_completion(logged(paid, success, choices, verified))
     assert a is not None and a.values["reward_rise_p"] <= 0.05

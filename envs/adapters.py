@@ -48,6 +48,12 @@ class GyreAdapter(ParallelEnv):
     ``truncated`` stay apart; reaching ``max_cycles`` steps truncates every live agent.
     ``unwrapped`` is the innermost environment (as for a Gymnasium wrapper): it is what
     the detectors, the graph's ``verifier`` references and scripted options read.
+
+    ``milestone_agent``, where the env can tell who achieved a milestone (who touches the
+    landmark), is ``(unwrapped, milestone) -> agent or None``: asked as each milestone is
+    first verified, it credits the milestone to that agent's option call only (as a built-in
+    env's own ``milestone_agent`` does); None, or no such callable, credits every agent's
+    call running then (the team convention).
     """
 
     def __init__(
@@ -58,9 +64,14 @@ class GyreAdapter(ParallelEnv):
         graph: TaskGraph | Mapping[str, Any],
         max_cycles: int | None = None,
         check_observations: bool = True,
+        milestone_agent: Callable[[Any, str], str | None] | None = None,
     ) -> None:
         if not isinstance(env, ParallelEnv):
             raise TypeError(f"GyreAdapter: expected a pettingzoo ParallelEnv, got {type(env).__name__}")
+        if milestone_agent is not None and not callable(milestone_agent):
+            raise TypeError(f"GyreAdapter: milestone_agent must be a callable (unwrapped env, milestone) -> agent "
+                            f"or None, got {milestone_agent!r}")
+        self._attribute = milestone_agent
         self._env = env
         raw = env.unwrapped
         self.metadata = dict(getattr(env, "metadata", None) or {})
@@ -96,6 +107,21 @@ class GyreAdapter(ParallelEnv):
     def detectors(self) -> Mapping[str, Detector]:
         """Each task-graph node's detector (``check_env`` re-verifies with them, closures too)."""
         return dict(self._detectors)
+
+    def milestone_agent(self, milestone: str) -> str | None:
+        """The agent the user's ``milestone_agent`` credits ``milestone`` to (None: every
+        running call); checked to be one of the env's agents."""
+        if self._attribute is None:
+            return None
+        what = f"{self.metadata['name']}: milestone_agent {callable_name(self._attribute)} for milestone {milestone!r}"
+        try:
+            agent = self._attribute(self._env.unwrapped, milestone)
+        except Exception as exc:
+            raise UserCodeError(what, exc) from exc
+        if agent is not None and agent not in self.possible_agents:
+            raise UserCodeError(what, ValueError(f"returned {agent!r}; expected one of the env's agents "
+                                                 f"{self.possible_agents} or None"))
+        return agent
 
     def holds(self, milestone: str) -> bool:
         """Whether ``milestone``'s detector holds on the current state (not latched: a
@@ -323,10 +349,12 @@ def from_pettingzoo(
     max_cycles: int | None = None,
     turn_based: bool = False,
     check_observations: bool = True,
+    milestone_agent: Callable[[Any, str], str | None] | None = None,
 ) -> GyreAdapter:
     """A PettingZoo env as a gyre environment. An AEC env is converted with
     ``aec_to_parallel`` (it must declare ``is_parallelizable``), or with
-    ``turn_based_aec_to_parallel`` when ``turn_based`` (one agent moves per step)."""
+    ``turn_based_aec_to_parallel`` when ``turn_based`` (one agent moves per step).
+    ``milestone_agent``: who achieved a milestone, where the env can tell (:class:`GyreAdapter`)."""
     if isinstance(env, AECEnv):
         if turn_based:
             env = turn_based_aec_to_parallel(env)
@@ -344,7 +372,7 @@ def from_pettingzoo(
         )
     return GyreAdapter(
         env, milestones=milestones, graph=graph, max_cycles=max_cycles,
-        check_observations=check_observations,
+        check_observations=check_observations, milestone_agent=milestone_agent,
     )
 
 

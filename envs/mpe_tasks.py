@@ -6,7 +6,8 @@ where the landmarks and the other agents are. The task, as the env's reward mean
 cover every landmark at once. Milestones are read from the world's state:
 ``covered_k`` (an agent touches landmark ``k``: their discs overlap, distance below the
 agent's size plus the landmark's) and the goal ``spread`` (every landmark touched at the
-same step, which ends the episode as a success). Episodes last MPE's 25 steps.
+same step, which ends the episode as a success). Episodes last MPE's 25 steps. ``covered_k``
+is credited to the agent touching ``k`` (``milestone_agent``), not to every agent.
 
 Options: ``go_to_k`` per landmark and ``stay``. ``go_to_k`` pushes toward the landmark
 with the action that brings the point where the agent would coast to rest closest to it
@@ -77,6 +78,21 @@ def covered(env: Any, k: int) -> bool:
     return any(_touching(world, a, k) for a in world.agents)
 
 
+def toucher(env: Any, milestone: str) -> str | None:
+    """Who achieved ``covered_k``: the agent touching landmark ``k`` (the nearest, if several);
+    None for ``spread``, every agent's doing."""
+    if not milestone.startswith("covered_"):
+        return None
+    world = _world(env)
+    k = int(milestone.rsplit("_", 1)[1])
+    mark = world.landmarks[k].state.p_pos
+    touching = [a for a in world.agents if _touching(world, a, k)]
+    if not touching:
+        return None
+    nearest = min(touching, key=lambda a: float(np.linalg.norm(a.state.p_pos - mark)))
+    return env.possible_agents[world.agents.index(nearest)]
+
+
 def spread(env: Any) -> bool:
     """Every landmark is touched by some agent, now."""
     return all(covered(env, k) for k in range(len(_world(env).landmarks)))
@@ -112,7 +128,8 @@ def make_spread(*, n: int = 3, max_cycles: int = 25, **kwargs: Any) -> GyreAdapt
         raise ValueError(f"make_spread: n must be an int in [1, {MAX_LANDMARKS}], got {n!r}")
     env = simple_spread_v3.parallel_env(N=n, max_cycles=max_cycles, continuous_actions=False, **kwargs)
     milestones = {f"covered_{k}": globals()[f"covered_{k}"] for k in range(n)} | {"spread": spread}
-    return from_pettingzoo(env, milestones=milestones, graph=task_graph(n), max_cycles=max_cycles)
+    return from_pettingzoo(env, milestones=milestones, graph=task_graph(n), max_cycles=max_cycles,
+                           milestone_agent=toucher)
 
 
 # ---------------------------------------------------------------------- options

@@ -177,6 +177,14 @@ def _rps() -> GyreAdapter:
     )
 
 
+def _rps_library(env: GyreAdapter) -> OptionLibrary:
+    return OptionLibrary("rps", env.task_graph(), [
+        Option("open", lambda ctx: 0, milestone="first_round", max_steps=1),
+        Option("rounds", lambda ctx: int(ctx.rng.integers(3)), milestone="five_rounds", max_steps=10),
+        Option("any", lambda ctx: int(ctx.rng.integers(3)), done=lambda ctx: True),
+    ])
+
+
 def test_rps_aec_env_is_converted_and_verified_on_its_state() -> None:
     env = _rps()
     assert env.possible_agents == ["player_0", "player_1"]
@@ -193,16 +201,57 @@ def test_rps_aec_env_is_converted_and_verified_on_its_state() -> None:
 
 def test_rps_run_episode_two_agents() -> None:
     env = _rps()
-    library = OptionLibrary("rps", env.task_graph(), [
-        Option("open", lambda ctx: 0, milestone="first_round", max_steps=1),
-        Option("rounds", lambda ctx: int(ctx.rng.integers(3)), milestone="five_rounds", max_steps=10),
-        Option("any", lambda ctx: int(ctx.rng.integers(3)), done=lambda ctx: True),
-    ])
-    traj = run_episode(env, library, RandomManager(0), seed=0)
+    traj = run_episode(env, _rps_library(env), RandomManager(0), seed=0)
     assert traj.success
     assert {c.agent for c in traj.calls} == {"player_0", "player_1"}
     # five rounds verify the goal: the episode ends there, each agent's last call terminated
     assert traj.length == 5 and all(c.terminated and not c.truncated for c in traj.calls[-2:])
+
+
+def test_a_user_attribution_credits_a_milestone_to_one_agents_call() -> None:
+    """An outside env can say who achieved a milestone, as built-in ones do: the
+    milestone then pays that agent's call only, not every call running when it held."""
+    from gyre_ma.rewards.milestones import first_verified
+
+    def credited(env: GyreAdapter) -> dict[str, set[str]]:
+        traj = run_episode(env, _rps_library(env), RandomManager(0), seed=0)
+        out: dict[str, set[str]] = {}
+        for call, got in zip(traj.calls, first_verified(traj), strict=True):
+            out.setdefault(call.agent, set()).update(got)
+        return out
+
+    team = credited(_rps())
+    assert team["player_0"] >= {"first_round"} and team["player_1"] >= {"first_round"}
+    asked = []
+
+    def second_player(raw, milestone: str) -> str | None:
+        asked.append((type(raw).__name__, milestone))
+        return "player_1" if milestone == "first_round" else None
+
+    env = from_pettingzoo(rps_v2.env(), milestones={"first_round": lambda e: e.num_moves >= 1,
+                                                    "five_rounds": lambda e: e.num_moves >= 5},
+                          graph=RPS_GRAPH, milestone_agent=second_player)
+    own = credited(env)
+    assert "first_round" in own["player_1"] and "first_round" not in own["player_0"]
+    assert "five_rounds" in own["player_0"] and "five_rounds" in own["player_1"]  # None: the team's
+    assert [m for _, m in asked] == ["first_round", "five_rounds"] and asked[0][0] != "GyreAdapter"
+
+
+def test_a_bad_attribution_names_the_milestone_and_what_was_expected() -> None:
+    detectors = {"first_round": lambda e: e.num_moves >= 1, "five_rounds": lambda e: e.num_moves >= 5}
+    with pytest.raises(TypeError, match="milestone_agent must be a callable"):
+        from_pettingzoo(rps_v2.env(), milestones=detectors, graph=RPS_GRAPH, milestone_agent="player_0")
+    env = from_pettingzoo(rps_v2.env(), milestones=detectors, graph=RPS_GRAPH,
+                          milestone_agent=lambda raw, m: "nobody")
+    with pytest.raises(UserCodeError, match=r"milestone 'first_round'.*'nobody'.*\['player_0', 'player_1'\]"):
+        run_episode(env, _rps_library(env), RandomManager(0), seed=0)
+
+    def broken(raw, milestone):
+        raise KeyError(milestone)
+
+    env = from_pettingzoo(rps_v2.env(), milestones=detectors, graph=RPS_GRAPH, milestone_agent=broken)
+    with pytest.raises(UserCodeError, match="milestone_agent .*broken.* for milestone 'first_round'"):
+        run_episode(env, _rps_library(env), RandomManager(0), seed=0)
 
 
 def test_turn_based_aec_needs_the_flag() -> None:

@@ -108,6 +108,28 @@ def test_a_landmark_held_by_another_agent_fails_the_call_and_closes_the_option()
     assert not go.failure(ctx("agent_1")) and go.done(ctx("agent_1"))  # the holder's own call is done
 
 
+def test_a_landmark_is_credited_to_the_agent_touching_it() -> None:
+    from gyre_ma.envs.mpe_tasks import toucher
+
+    env = make_spread()
+    env.reset(seed=2)
+    raw = env.unwrapped
+    world = raw.world
+    mark = world.landmarks[0].state.p_pos
+    far = np.array([5.0, 5.0])
+    for agent in world.agents:
+        agent.state.p_pos = far.copy()
+    assert toucher(raw, "covered_0") is None and toucher(raw, "spread") is None
+    world.agents[1].state.p_pos = mark + np.array([0.05, 0.0])
+    assert toucher(raw, "covered_0") == "agent_1"
+    world.agents[2].state.p_pos = mark + np.array([0.01, 0.0])  # two touch it: the nearer
+    assert toucher(raw, "covered_0") == "agent_2"
+    library = spread_library(hold=True)
+    traj = run_episode(env, library, SpreadOracle(library=library), seed=0)
+    assert traj.success and set(traj.milestone_agents) == {"covered_0", "covered_1", "covered_2"}
+    assert set(traj.milestone_agents.values()) <= set(env.possible_agents)
+
+
 def test_with_hold_a_parked_agent_keeps_its_landmark_to_the_end() -> None:
     env, library, parking = make_spread(), spread_library(hold=True), spread_library()
     runs = [run_episode(env, library, SpreadOracle(library=library), seed=s) for s in range(30)]

@@ -27,20 +27,17 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
-from generalisation import ENVS, config, parsed_overrides, reference, run_arguments, run_seeds, trained
+from generalisation import ENVS, env_and_library, parsed_overrides, reference, run_arguments, run_seeds, trained
 
 ENV = "coverage"
 
 
 def nearest_first_wins(seeds: list[int]) -> dict[int, bool]:
     """Per held-out seed, whether the nearest-first heuristic verifies every landmark."""
-    from gyre_ma.envs.registry import make_env, make_library
     from gyre_ma.options.library import resolve
     from gyre_ma.rollout import run_episode
 
-    cfg = config(ENV, 0, 1)
-    env = make_env(cfg.env.id, **cfg.env.kwargs)
-    library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
+    _, env, library = env_and_library(ENV)
     nearest = resolve(ENVS[ENV]["references"]["nearest"], "nearest")(library=library)
     return {s: bool(run_episode(env, library, nearest, seed=s).success) for s in seeds}
 

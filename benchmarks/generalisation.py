@@ -120,18 +120,25 @@ def _summary(trajectories: list[Any]) -> dict[str, Any]:
             "dead_ends": float(np.mean([bool(t.dead_ends) for t in trajectories]))}
 
 
+def env_and_library(name: str, overrides: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+    """``(config, env, library)`` of ``name`` as its default config (and ``overrides``) builds them."""
+    from gyre_ma.envs.registry import make_env, make_library
+
+    cfg = config(name, 0, 1, overrides)
+    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    return cfg, env, make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
+
+
 def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Oracle, random eligible order and the env's other ``references`` (managers built
     from ``library``: coverage's fixed assignment and nearest-first heuristic, Pursuit's
     uncoordinated and mutually following pursuers) on ``seeds``."""
     from gyre_ma.agents.baselines import RandomManager
-    from gyre_ma.envs.registry import make_env, make_library, make_oracle
+    from gyre_ma.envs.registry import make_oracle
     from gyre_ma.options.library import resolve
     from gyre_ma.rollout import run_episode
 
-    cfg = config(name, 0, 1, overrides)
-    env = make_env(cfg.env.id, **cfg.env.kwargs)
-    library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
+    cfg, env, library = env_and_library(name, overrides)
     managers = {"oracle": lambda s: make_oracle(cfg.env.id, env, library, ENVS[name]["oracle"]),
                 "random": lambda s: RandomManager(s)}
     for key, source in ENVS[name].get("references", {}).items():

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from generalisation import ENVS, candidate_argument, parsed_overrides, trained
+from generalisation import ENVS, candidate_argument, env_and_library, parsed_overrides, trained
 
 
 def _layout(env: Any, seed: int) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
@@ -157,20 +157,15 @@ def main() -> None:
     args = parser.parse_args()
     overrides = parsed_overrides(args)
 
-    from generalisation import config
-
-    from gyre_ma.envs.registry import make_env, make_library, make_oracle
+    from gyre_ma.envs.mpe_tasks import FixedAssignment
+    from gyre_ma.envs.registry import make_oracle
     from gyre_ma.roles import evaluation_tasks
     from gyre_ma.rollout import run_episode
 
     started = time.perf_counter()
     seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
-    cfg = config(args.env, 0, 1, overrides)
-    env = make_env(cfg.env.id, **cfg.env.kwargs)
-    library = make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
+    cfg, env, library = env_and_library(args.env, overrides)
     layouts = {s: _layout(env, s) for s in seeds}
-    from gyre_ma.envs.mpe_tasks import FixedAssignment
-
     references = {"oracle": make_oracle(cfg.env.id, env, library, ENVS[args.env]["oracle"]),
                   "fixed": FixedAssignment(library=library), "nearest_free": NearestFree(library=library)}
     if args.clone_episodes:

@@ -12,6 +12,7 @@ stop string.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,30 @@ def load_local(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any
     return model, tokenizer
 
 
+_SQRT_8_OVER_PI = math.sqrt(8 / math.pi)
+
+
 class FusedTanhGELU(torch.nn.Module):
-    """The tanh approximation of GELU in torch's one fused kernel (``gelu(x, approximate="tanh")``)."""
+    """The tanh approximation of GELU, ``x · ½(1 + tanh(√(2/π) (x + 0.044715 x³)))``.
+
+    Torch's one fused kernel (``gelu(x, approximate="tanh")``), except in inference on the
+    CPU over a large tensor (a batched call's MLP activations), where it is the same function
+    written with a sigmoid, ``½(1 + tanh z) = σ(2z)``, in five in-place passes over one new
+    tensor: torch's CPU ``tanh``, on which the fused kernel is built, is about six times
+    slower than its ``sigmoid``, so from :attr:`SIGMOID_FROM` elements this form takes about
+    half the fused kernel's time, within 1e-6 of it (below that, five passes cost more than
+    one; ``benchmarks/results/README.md``, session 42)."""
+
+    SIGMOID_FROM = 16384
+    """Elements from which CPU inference uses the sigmoid form."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.gelu(x, approximate="tanh")
+        if (x.device.type != "cpu" or x.numel() < self.SIGMOID_FROM
+                or (x.requires_grad and torch.is_grad_enabled())):
+            return torch.nn.functional.gelu(x, approximate="tanh")
+        z = x * x
+        z.mul_(0.044715 * _SQRT_8_OVER_PI).add_(_SQRT_8_OVER_PI).mul_(x)  # 2√(2/π) (x + 0.044715 x³)
+        return z.sigmoid_().mul_(x)
 
 
 def fuse_gelu(model: torch.nn.Module) -> int:

@@ -71,6 +71,28 @@ def test_loaded_models_compute_gelu_fused_and_score_as_the_model_on_disk(engine,
         np.testing.assert_array_equal(after.numpy(), engine.model(input_ids=ids).logits.numpy())
 
 
+@pytest.mark.parametrize("size", [100, 40000])
+def test_fused_gelu_is_the_tanh_gelu_in_inference_and_in_training(size):
+    """Both inference paths (torch's fused kernel on a small tensor, the in-place sigmoid
+    form on a large one) and the autograd path compute GPT-2's tanh GELU, over the range of
+    activations and beyond it, and leave the input as it was."""
+    from gyre_ma.llm.hf import FusedTanhGELU
+
+    gelu = FusedTanhGELU()
+    assert (size >= gelu.SIGMOID_FROM) == (size == 40000)
+    x = torch.cat([torch.linspace(-30, 30, size // 2), torch.randn(size - size // 2) * 3])
+    want = torch.nn.functional.gelu(x.double(), approximate="tanh").numpy()
+    with torch.inference_mode():
+        got = gelu(x)
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-6, atol=1e-6)
+    leaf = x.clone().requires_grad_(True)
+    out = gelu(leaf)
+    out.sum().backward()
+    np.testing.assert_allclose(out.detach().double().numpy(), want, rtol=1e-6, atol=1e-6)
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+    assert torch.equal(x, leaf.detach())
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_packed_scores_equal_one_at_a_time_for_ragged_prompts_and_candidates(model_dir, attention):
     """Prompts of 1 to 13 tokens, candidates of 1 to 7 tokens and 1 to 4 per prompt, in chunks

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
+import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -45,11 +47,33 @@ def resolve(ref: str, where: str) -> Any:
 
 
 def reference(obj: Any) -> str:
-    """The ``module:qualname`` of an importable object (inverse of :func:`resolve`)."""
+    """The ``module:qualname`` of an importable object (inverse of :func:`resolve`): one that
+    :func:`resolve` leads back to, or an error (a lambda, a local function, an object that
+    names itself but is no module attribute)."""
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if not module or not qualname or "<" in qualname:
         raise ValueError(f"{obj!r} is not importable by reference (lambda or local function)")
-    return f"{module}:{qualname}"
+    ref = f"{module}:{qualname}"
+    try:
+        found = resolve(ref, "reference")
+    except ValueError:
+        found = None
+    if found is not obj and not (inspect.ismethod(obj) and found == obj):
+        raise ValueError(f"{obj!r} is not importable by reference: {ref!r} does not lead back to it")
+    return ref
+
+
+def _policy_reference(policy: Any) -> str:
+    """:func:`reference` of an option's policy, or an error that says how to dump a policy
+    that is an object (a neural or LLM sub-policy built in Python)."""
+    try:
+        return reference(policy)
+    except ValueError:
+        if inspect.isroutine(policy) or inspect.isclass(policy):
+            raise
+    raise ValueError(f"its policy is a {type(policy).__name__} object, which has no reference to import; load the "
+                     "option from a library entry (kind: neural or kind: llm), which it dumps back, or export() the "
+                     "object as a module attribute")
 
 
 def export(namespace: dict[str, Any], name: str, obj: Any) -> Any:
@@ -221,9 +245,10 @@ class OptionLibrary:
                     raise ValueError(f"{at}: an option of kind {kind!r} needs 'name' and {kind!r} ({what}), "
                                      "and no 'policy'")
                 build = resolve(OPTION_KINDS[kind], f"{at}.kind")
-                raw = {k: v for k, v in raw.items() if k not in ("kind", kind)} | {
-                    "policy": build(raw[kind], name=str(raw["name"]), milestone=raw.get("milestone"),
-                                    graph=graph, where=f"{at}.{kind}")}
+                policy = build(raw[kind], name=str(raw["name"]), milestone=raw.get("milestone"), graph=graph,
+                               where=f"{at}.{kind}")
+                policy.library_entry = {"kind": kind, kind: copy.deepcopy(dict(raw[kind]))}
+                raw = {k: v for k, v in raw.items() if k not in ("kind", kind)} | {"policy": policy}
             for other in OPTION_KINDS:
                 if other in raw:
                     raise ValueError(f"{at}: {other!r} is for options of kind {other!r}; add kind: {other}")
@@ -240,15 +265,22 @@ class OptionLibrary:
         return library.validate()
 
     def to_spec(self) -> dict[str, Any]:
-        """Inverse of :meth:`from_spec`; every callable must be importable by reference."""
+        """Inverse of :meth:`from_spec`: every callable must be importable by reference, and
+        an option of a kind (``llm``, ``neural``) must have been loaded from a library entry,
+        whose mapping it gives back; errors name the option."""
         options = []
         for opt in self._options:
-            entry: dict[str, Any] = {"name": opt.name, "policy": reference(opt.policy)}
-            if opt.milestone is not None:
-                entry["milestone"] = opt.milestone
-            for key in ("initiation", "done", "failure"):
-                if getattr(opt, key) is not None:
-                    entry[key] = reference(getattr(opt, key))
+            kind_entry = getattr(opt.policy, "library_entry", None)
+            try:
+                entry: dict[str, Any] = {"name": opt.name, **(copy.deepcopy(kind_entry) if kind_entry is not None
+                                                              else {"policy": _policy_reference(opt.policy)})}
+                if opt.milestone is not None:
+                    entry["milestone"] = opt.milestone
+                for key in ("initiation", "done", "failure"):
+                    if getattr(opt, key) is not None:
+                        entry[key] = reference(getattr(opt, key))
+            except ValueError as exc:
+                raise ValueError(f"library {self.name!r}: option {opt.name!r}: {exc}") from None
             if opt.max_steps != 200:
                 entry["max_steps"] = opt.max_steps
             if opt.repeatable:

@@ -18,7 +18,7 @@ from gyre_ma.envs.coverage.options import make_library
 from gyre_ma.envs.coverage.oracle import FixedAssignment
 from gyre_ma.envs.registry import make_env
 from gyre_ma.options.library import OptionLibrary
-from gyre_ma.options.option import OptionContext
+from gyre_ma.options.option import Option, OptionContext
 from gyre_ma.pretrain import pretrain_option
 from gyre_ma.rollout import run_episode
 
@@ -143,6 +143,26 @@ def test_a_library_yaml_declares_a_neural_option_that_stays_frozen_while_the_man
     after = option.policy.net.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the manager's updates leave it alone
     assert not any(p is q for p in gyre.policy.parameters() for q in option.policy.net.parameters())
+
+
+def test_a_neural_option_loaded_from_a_library_entry_dumps_back_and_one_built_in_python_is_named(trained, tmp_path):
+    weights, _ = trained
+    entry = {"name": "go_to_0", "milestone": "covered_0", "kind": "neural",
+             "neural": {"weights": str(weights), "sample": True}, "max_steps": 18}
+    library = OptionLibrary.load(library_yaml(tmp_path, entry))
+    spec = library.to_spec()
+    assert spec["options"][0] == {"name": "go_to_0", "kind": "neural", "neural": {"weights": str(weights),
+                                                                                  "sample": True},
+                                  "milestone": "covered_0", "max_steps": 18}
+    library.dump(tmp_path / "again.yaml")
+    again = OptionLibrary.load(tmp_path / "again.yaml")
+    assert isinstance(again["go_to_0"].policy, NeuralSubPolicy) and again["go_to_0"].policy.sample
+    assert again.to_spec() == spec
+    built = OptionLibrary(library.name, library.graph)
+    built.add(Option("go_to_0", NeuralSubPolicy.load(weights), milestone="covered_0"))
+    with pytest.raises(ValueError, match=r"option 'go_to_0': its policy is a NeuralSubPolicy object, which has no "
+                                         r"reference to import; load the option from a library entry"):
+        built.to_spec()
 
 
 @pytest.mark.parametrize(("entry", "expected"), [

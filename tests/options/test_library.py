@@ -110,6 +110,31 @@ def test_yaml_roundtrip(tmp_path):
     assert again.to_spec() == lib.to_spec()
 
 
+class _Named:
+    """A callable object that names itself like a module attribute but is not one."""
+
+    __module__ = __name__
+
+    def __init__(self) -> None:
+        self.__qualname__ = "step_right_copy"
+
+    def __call__(self, ctx):
+        return 1
+
+
+def test_dump_refuses_what_it_could_not_load_back_and_names_the_option():
+    lib = OptionLibrary("doors", TaskGraph.from_spec(GRAPH))
+    lib.add(Option("get_key", step_right, milestone="key"))
+    lib.add(Option("open_door", _Named(), milestone="door"))
+    with pytest.raises(ValueError, match=r"library 'doors': option 'open_door': its policy is a _Named object, which "
+                                         r"has no reference to import"):
+        lib.to_spec()
+    lib = OptionLibrary("doors", TaskGraph.from_spec(GRAPH))
+    lib.add(Option("get_key", step_right, milestone="key", initiation=lambda ctx: True))
+    with pytest.raises(ValueError, match=r"option 'get_key': <function .*<lambda>.* is not importable by reference"):
+        lib.to_spec()
+
+
 def test_yaml_errors_name_the_entry(tmp_path):
     spec = {
         "name": "x", "graph": GRAPH,

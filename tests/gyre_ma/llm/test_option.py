@@ -94,6 +94,18 @@ def _yaml_library(tmp_path, model_dir) -> str:
     return str(path)
 
 
+def test_a_yaml_library_with_an_llm_option_dumps_back_to_the_same_entry(tmp_path, model_dir):
+    library = OptionLibrary.load(_yaml_library(tmp_path, model_dir))
+    spec = library.to_spec()
+    assert spec["options"][3] == {"name": "wander", "kind": "llm",
+                                  "llm": {"model": str(model_dir), "actions": ["stay", "up", "down", "left", "right"],
+                                          "mode": "score"},
+                                  "done": "gyre_ma.envs.coverage.options:stay_done", "max_steps": 1}
+    library.dump(tmp_path / "again.yaml")
+    again = OptionLibrary.load(tmp_path / "again.yaml")
+    assert isinstance(again["wander"].policy, LLMPolicy) and again.to_spec() == spec
+
+
 def _fingerprint(t) -> tuple:
     return (t.task_seed, t.length, t.success, t.llm_requests,
             tuple((c.agent, c.option, c.start_step, c.duration) for c in t.calls))

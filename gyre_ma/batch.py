@@ -37,6 +37,9 @@ PROGRESS: Final = "progress"
 """float [N] 0/1 — a milestone was first verified during the call (process-reward label)."""
 SUCCESS: Final = "success"
 """float [N] 0/1 — the call's episode verified every goal (process-reward label)."""
+GROUP_BEST: Final = "group_best"
+"""float [N] 0/1 — the call's episode is the best of its task seed's group (the highest
+verified outcome, where the group's outcomes differ): what group-best self-imitation imitates."""
 
 Batch = dict[str, torch.Tensor]
 

@@ -265,12 +265,24 @@ class TrainConfig(_Section):
     a little and costs a fifth more training time; on coverage it ranks assignments better,
     yet its success gain on run seeds 0-5 did not repeat on seeds 6-11, and 8192 does no
     better than 0, so it is off (``benchmarks/results/README.md``, sessions 23 and 24)."""
-    self_imitation: float = Field(0.0, ge=0.0)
-    """Weight of the self-imitation term (Oh et al. 2018; :mod:`gyre_ma.trainers.self_imitation`):
-    each update also imitates replayed decisions whose return beat the critic's current value,
-    by how much they beat it; 0 turns it off."""
+    self_imitation: float | None = Field(None, ge=0.0)
+    """Weight of the self-imitation term (:mod:`gyre_ma.trainers.self_imitation`): each update
+    also raises the log-probability of replayed decisions of its own that did well, the ones
+    ``self_imitation_rows`` picks; 0 turns it off. None: 1 for the option manager
+    (``manager.kind: learned``), 0 for flat PPO (kept the plain baseline) and the LLM manager
+    (which has no decision features to replay). See :attr:`ExperimentConfig.imitation_weight`."""
+    self_imitation_rows: Literal["group_best", "beat_critic"] = "group_best"
+    """Which replayed decisions are imitated: ``group_best``, those of each task seed's best
+    episode (the highest verified outcome of its group, where the group's outcomes differ),
+    drawn uniformly, the term weighted by ``self_imitation`` alone; ``beat_critic``, those
+    whose return beat the critic's current value, drawn by how much (Oh et al. 2018). The
+    episodes of a group play the same task seed, so the best of them is judged against
+    what the others did there, not against a critic's guess: on the assignment tasks, where
+    a choice's worth depends on the layout and the policy gradient alone learned none of it
+    in 1,200 task seeds (``benchmarks/assignment_bandit.py``), it is what made the learner
+    read the layout (``benchmarks/results/README.md``, session 42)."""
     self_imitation_capacity: int = Field(4096, ge=1)
-    """Decisions the self-imitation replay keeps (the newest)."""
+    """Decisions the self-imitation replay keeps (the newest), imitated or not."""
     objective: Literal["ppo", "grpo"] = "ppo"
     """Manager objective: ``grpo`` is the clipped objective on GRPO advantages, the same as
     ``credit.mode: grpo`` (kept for configs written before that mode existed)."""
@@ -637,7 +649,7 @@ class ExperimentConfig(_Section):
                 raise ValueError(f"`roles.{role}_noise.kind` is 'param', but parameter noise perturbs the MLP "
                                  "manager's weights; the LLM manager (`manager.kind: llm`) explores by sampling: "
                                  "use none, epsilon or temperature")
-        if self.train.self_imitation > 0:
+        if self.train.self_imitation is not None and self.train.self_imitation > 0:
             raise ValueError(f"`train.self_imitation` is {self.train.self_imitation}, but self-imitation replays the "
                              "MLP manager's decision features; the LLM manager (`manager.kind: llm`) has none: set "
                              "it to 0")
@@ -646,6 +658,14 @@ class ExperimentConfig(_Section):
                              "schedule scales the MLP manager's logits; the LLM manager (`manager.kind: llm`) has "
                              "none: set it to 1")
         return self
+
+    @property
+    def imitation_weight(self) -> float:
+        """``train.self_imitation``, or where it is None its default: 1 for the option
+        manager, 0 for every other kind."""
+        if self.train.self_imitation is not None:
+            return self.train.self_imitation
+        return 1.0 if self.manager.kind == "learned" else 0.0
 
     @property
     def group_size(self) -> int:

@@ -26,6 +26,7 @@ from gyre_ma import batch as B
 from gyre_ma.credit import episode_outcomes, option_advantages, smdp_returns
 from gyre_ma.rewards.milestones import calls_at_end
 from gyre_ma.rollout import OptionCall, Trajectory
+from gyre_ma.trainers.self_imitation import group_best
 
 if TYPE_CHECKING:
     from gyre_ma.agents.manager import Featurizer, StateScaler
@@ -155,6 +156,10 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
                            truncated=torch.zeros_like(terminated), gamma=credit.gamma,
                            bootstrap_value=torch.zeros(R), mask=mask)
     extra = {}
+    if config.imitation_weight > 0 and config.train.self_imitation_rows == "group_best":
+        best = group_best(outcomes(trajectories, credit), torch.tensor([t.task_seed for t in trajectories]))
+        extra[B.GROUP_BEST] = best[torch.tensor([int(seg.episode[r]) for r, row in enumerate(seg.calls)
+                                                 for _ in row], dtype=torch.long)]
     if state_scaler is not None:
         extra[B.STATE] = torch.from_numpy(np.stack([state_scaler(c.state) for c in flat]))
     if inputs is not None:

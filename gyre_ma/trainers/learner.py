@@ -54,7 +54,8 @@ class Learner:
         """The configured learning rates of the manager and the critic, before any rollback's cut."""
         self.generator = torch.Generator().manual_seed(config.seed)
         """Shuffles minibatches; part of the learner's state, so a resumed run draws the same."""
-        self.imitation = t.self_imitation  # 0 for the LLM manager (the config says so)
+        self.imitation = config.imitation_weight  # 0 for the LLM manager (the config says so)
+        self.imitates = t.self_imitation_rows
         self.replay = RowReplay(t.self_imitation_capacity, self_imitation.KEYS) if self.imitation > 0 else None
         """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
         self.centralised = config.manager.centralised_critic
@@ -117,24 +118,21 @@ class Learner:
         return fit
 
     def _imitate(self, advantages: torch.Tensor) -> dict[str, float]:
-        """``epochs`` self-imitation steps on replayed decisions, drawn by how far their
-        return beat the critic as it is after this update. The excess is divided by the
-        spread of the update's ``advantages``, which the PPO step normalised by: a replayed
-        decision weighs as an on-policy one of the same excess."""
-        rows = self.replay.rows
-        critic = self.critic_module.module.critic
-        inputs = B.STATE if self.centralised else B.FEATURES
-        with torch.no_grad(), self.fitter.fabric.autocast():  # the whole replay: train.self_imitation_capacity rows
-            x = self.fitter.to_learner({inputs: rows[inputs], B.AGENT: rows[B.AGENT]})
-            values = critic(x[inputs], x[B.AGENT]).float().cpu()
-        drawn = self_imitation.imitation_sample(rows, values, size=self.minibatch_size * self.epochs,
-                                                generator=self.generator)
+        """``epochs`` self-imitation steps on replayed decisions (module
+        :mod:`~gyre_ma.trainers.self_imitation`): those of groups' best episodes, drawn
+        uniformly at weight 1; or those whose return beat the critic as it is after this
+        update, drawn by how far, the excess divided by the spread of the update's
+        ``advantages``, which the PPO step normalised by (a replayed decision weighs as an
+        on-policy one of the same excess)."""
+        size = self.minibatch_size * self.epochs
+        if self.imitates == "group_best":
+            best = self_imitation.group_best_sample(self.replay.rows, size=size, generator=self.generator)
+            drawn = None if best is None else (best, 1.0)
+        else:
+            drawn = self._beat_critic_sample(size, advantages)
         if drawn is None:
             return {"imitation_weight": 0.0}
         sample, scale = drawn
-        spread = float(advantages.float().std()) if len(advantages) > 1 else 0.0
-        if spread > 1e-6:  # else the advantages were all alike (PPO did not rescale them)
-            scale /= spread
         out: list[float] = []
         self.manager_module.train()
         with self.fitter.fabric.autocast():
@@ -142,6 +140,22 @@ class Learner:
                 mb = self.fitter.to_learner({k: v[at:at + self.minibatch_size] for k, v in sample.items()})
                 out.append(self.manager_module.imitation_step(mb, weight=self.imitation * scale)["imitation_loss"])
         return {"imitation_weight": scale, "imitation_loss": float(sum(out) / len(out))}
+
+    def _beat_critic_sample(self, size: int, advantages: torch.Tensor) -> tuple[B.Batch, float] | None:
+        rows = self.replay.rows
+        critic = self.critic_module.module.critic
+        inputs = B.STATE if self.centralised else B.FEATURES
+        with torch.no_grad(), self.fitter.fabric.autocast():  # the whole replay: train.self_imitation_capacity rows
+            x = self.fitter.to_learner({inputs: rows[inputs], B.AGENT: rows[B.AGENT]})
+            values = critic(x[inputs], x[B.AGENT]).float().cpu()
+        drawn = self_imitation.imitation_sample(rows, values, size=size, generator=self.generator)
+        if drawn is None:
+            return None
+        sample, scale = drawn
+        spread = float(advantages.float().std()) if len(advantages) > 1 else 0.0
+        if spread > 1e-6:  # else the advantages were all alike (PPO did not rescale them)
+            scale /= spread
+        return {k: v for k, v in sample.items() if k != B.GROUP_BEST}, scale
 
     def _by_minibatch(self, batch: B.Batch, forward: Callable[[B.Batch], torch.Tensor]) -> torch.Tensor:
         """``forward`` (no gradient) of every row of ``batch``, a minibatch's worth at a time, on the CPU."""

@@ -1,18 +1,32 @@
-"""Self-imitation: replay the decisions whose episodes did better than the critic expected.
+"""Self-imitation: replay the learner's own decisions that did well, and imitate them.
 
-Oh et al. 2018 (arXiv 1806.05635). A learner on a sparse outcome sees a rare success on a
-hard task seed once, in one minibatch, as one advantage among many; the policy gradient
-moves it a little and the next groups, sampled from the barely changed policy, mostly fail
-again. Self-imitation keeps every decision with its Monte-Carlo return ``R`` (the critic's
-target) and, at each update, imitates the stored decisions that beat the *current* critic:
+Each update also raises the log-probability of replayed decisions (a ring of the newest
+``train.self_imitation_capacity``), ``train.self_imitation_rows`` deciding which:
 
-    L = −coef · E_rows[ (R − V(s))⁺ · log π(a | s) ]
+- ``group_best`` (the default): the decisions of each task seed's best episode. The
+  episodes of a group play the same task seed, so where their verified outcomes differ
+  the best of them is judged against what the same policy did on the same layout, not
+  against a critic's guess of it. An assignment whose worth depends on the layout (which
+  agent takes which landmark) is worth a few steps of outcome, less than the spread
+  between layouts; a policy gradient alone, even on exact rewards, learned none of it in
+  the 1,200 task seeds a run sees (``benchmarks/assignment_bandit.py``), and the group's
+  winner, kept and replayed, is what taught it (``benchmarks/results/README.md``, session
+  42). The term is ``L = −coef · E[log π(a | s)]`` over rows drawn uniformly among the
+  winners' decisions.
+- ``beat_critic``: Oh et al. 2018 (arXiv 1806.05635). A learner on a sparse outcome sees
+  a rare success on a hard task seed once, in one minibatch, as one advantage among many;
+  the policy gradient moves it a little and the next groups, sampled from the barely
+  changed policy, mostly fail again. Every decision is kept with its Monte-Carlo return
+  ``R`` (the critic's target) and each update imitates the stored decisions that beat the
+  *current* critic::
 
-A decision its critic already expects to return ``R`` weighs nothing (so on a learned task
-the term fades by itself); a success on a seed where the critic predicts failure weighs
-most, and is replayed at every update until the critic has
-learned that the policy now wins there. Rows are drawn with probability ∝ (R − V)⁺ and the
-loss scaled by the mean weight, an unbiased estimate of the expectation above.
+      L = −coef · E_rows[ (R − V(s))⁺ · log π(a | s) ]
+
+  A decision its critic already expects to return ``R`` weighs nothing (so on a learned task
+  the term fades by itself); a success on a seed where the critic predicts failure weighs
+  most, and is replayed at every update until the critic has learned that the policy now
+  wins there. Rows are drawn with probability ∝ (R − V)⁺ and the loss scaled by the mean
+  weight, an unbiased estimate of the expectation above.
 """
 
 from __future__ import annotations
@@ -21,9 +35,35 @@ import torch
 
 from gyre_ma import batch as B
 
-KEYS = (B.FEATURES, B.STATE, B.AGENT, B.MASK, B.OPTION, B.RETURN)
+KEYS = (B.FEATURES, B.STATE, B.AGENT, B.MASK, B.OPTION, B.RETURN, B.GROUP_BEST)
 """What a stored decision keeps (a :class:`~gyre_ma.trainers.replay.RowReplay` of these):
-the policy's and the critic's inputs, the choice, its return."""
+the policy's and the critic's inputs, the choice, its return, whether its episode was its
+group's best (where the batch says)."""
+
+
+def group_best(outcomes: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Per episode, 1.0 where it is its group's best: its outcome is the group's highest
+    (ties all count) and the group's outcomes differ; else 0.0. ``outcomes`` [E] float,
+    ``groups`` [E] (the task seed of each episode)."""
+    best = torch.zeros(len(outcomes))
+    for group in groups.unique():
+        members = groups == group
+        scores = outcomes[members].double()
+        top = scores.max()
+        if len(scores) > 1 and float(top) > float(scores.mean()) + 1e-9:
+            best[members] = (scores >= top - 1e-9).float()
+    return best
+
+
+def group_best_sample(rows: B.Batch, *, size: int, generator: torch.Generator) -> B.Batch | None:
+    """``size`` rows drawn uniformly (with replacement) among those of a group's best
+    episode; None where there are none."""
+    weight = rows[B.GROUP_BEST].float()
+    total = float(weight.sum())
+    if not total > 0.0:
+        return None
+    picked = torch.multinomial(weight / total, size, replacement=True, generator=generator)
+    return {k: v[picked] for k, v in rows.items() if k not in (B.RETURN, B.GROUP_BEST)}
 
 
 def imitation_sample(rows: B.Batch, values: torch.Tensor, *, size: int,

@@ -1,4 +1,5 @@
-"""Self-imitation: the replay ring, the draw by (R − V)⁺, and the learner's use of both."""
+"""Self-imitation: the replay ring, the group-best rows and the draw by (R − V)⁺, the learner's use of
+them, and the default."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from gyre_ma import batch as B
 from gyre_ma.config import parse_config
 from gyre_ma.loop import Gyre
 from gyre_ma.trainers.replay import RowReplay
-from gyre_ma.trainers.self_imitation import KEYS, imitation_sample
+from gyre_ma.trainers.self_imitation import KEYS, group_best, group_best_sample, imitation_sample
 from gyre_ma.training_batch import warm_start_value
 
 
@@ -63,7 +64,7 @@ def test_the_draw_follows_the_excess():
 def test_an_update_imitates_a_decision_that_beat_the_critic(tmp_path):
     def learner(weight: float) -> Gyre:
         return Gyre(parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
-                                  "train": {"self_imitation": weight}}))
+                                  "train": {"self_imitation": weight, "self_imitation_rows": "beat_critic"}}))
 
     gyres = [learner(1.0), learner(0.0)]
     try:
@@ -110,7 +111,7 @@ def test_self_imitation_off_keeps_no_replay(tmp_path):
 
 
 def test_a_resumed_run_replays_the_same_decisions_and_ends_bit_for_bit(tmp_path):
-    raw = {"env": {"id": "coverage_v0"}, "roles": {"evaluators": 0}, "train": {"self_imitation": 1.0}}
+    raw = {"env": {"id": "coverage_v0"}, "roles": {"evaluators": 0}, "train": {"self_imitation": 1.0}}  # group-best
 
     def config(name: str):
         return parse_config(raw | {"name": name, "run_root": str(tmp_path)})
@@ -133,3 +134,56 @@ def test_a_resumed_run_replays_the_same_decisions_and_ends_bit_for_bit(tmp_path)
         assert all(torch.equal(v, resumed.learner.replay.rows[k]) for k, v in straight.learner.replay.rows.items())
     finally:
         resumed.close()
+
+
+def test_a_groups_best_episodes_are_those_at_its_highest_outcome_where_outcomes_differ():
+    outcomes = torch.tensor([0.5, 0.8, 0.8, 0.2, 0.7, 0.7, 0.7, 0.0, 0.9, 0.3])
+    groups = torch.tensor([1, 1, 1, 1, 2, 2, 2, 3, 4, 4])
+    # group 1: the two at 0.8 (a tie at the top); group 2: all alike, none; group 3: alone, none
+    assert group_best(outcomes, groups).tolist() == [0, 1, 1, 0, 0, 0, 0, 0, 1, 0]
+    assert group_best(torch.zeros(0), torch.zeros(0, dtype=torch.long)).tolist() == []
+
+
+def test_group_best_draws_only_the_winners_rows_and_nothing_without_them():
+    data = rows(4) | {B.GROUP_BEST: torch.tensor([0.0, 1.0, 0.0, 1.0])}
+    sample = group_best_sample(data, size=4000, generator=torch.Generator().manual_seed(0))
+    assert set(sample[B.OPTION].tolist()) == {1, 3}
+    assert (sample[B.OPTION] == 1).float().mean().item() == pytest.approx(0.5, abs=0.03)  # uniformly
+    assert B.RETURN not in sample and B.GROUP_BEST not in sample
+    assert group_best_sample(data | {B.GROUP_BEST: torch.zeros(4)}, size=5, generator=torch.Generator()) is None
+
+
+def test_by_default_the_option_manager_imitates_its_groups_winners_and_the_baselines_do_not(tmp_path):
+    def config(kind: str, **train):
+        return parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path),
+                             "manager": {"kind": kind}, "train": train})
+
+    assert config("learned").imitation_weight == 1.0
+    assert config("learned").train.self_imitation_rows == "group_best"
+    assert config("flat").imitation_weight == 0.0  # flat PPO stays the plain baseline
+    assert config("learned", self_imitation=0.0).imitation_weight == 0.0
+    assert config("flat", self_imitation=0.5).imitation_weight == 0.5
+
+
+def test_the_batch_marks_the_decisions_of_each_groups_best_episode_and_an_update_imitates_them(tmp_path):
+    gyre = Gyre(parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
+                              "seed": 3}))
+    try:
+        trajectories, _ = gyre.rollout(0)
+        gyre.arbitrate(trajectories)
+        batch = gyre.batch(trajectories)
+        outcome = {id(t): 1.0 * t.success - 0.5 * t.success * t.length / t.horizon for t in trajectories}
+        seeds = {t.task_seed for t in trajectories}
+        expected = []
+        for t in trajectories:
+            group = [outcome[id(u)] for u in trajectories if u.task_seed == t.task_seed]
+            top = max(group)
+            won = top > sum(group) / len(group) + 1e-9 and outcome[id(t)] >= top - 1e-9
+            expected += [float(won)] * len(t.calls)
+        assert len(seeds) > 1 and batch[B.GROUP_BEST].tolist() == expected
+        assert 0 < sum(expected) < len(expected)
+        metrics = gyre.learner.fit(batch, trajectories)
+        assert metrics["imitation_weight"] == 1.0 and metrics["imitation_loss"] > 0
+        assert len(gyre.learner.replay) == int((batch[B.MASK].sum(-1) > 1).sum())
+    finally:
+        gyre.close()

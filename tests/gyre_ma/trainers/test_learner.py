@@ -11,9 +11,15 @@ from gyre_ma.loop import Gyre
 from gyre_ma.training_batch import warm_start_value
 
 
-def test_forced_decisions_leave_the_policy_update_unchanged(tmp_path):
+@pytest.mark.parametrize("imitation", [0.0, None])
+def test_forced_decisions_leave_the_policy_update_unchanged(tmp_path, imitation):
+    """With self-imitation on (the default, None) the forced rows still take no part in it:
+    the replay keeps the same decisions. The critic fits on every row, and its minibatch
+    shuffles draw from the learner's generator, which the imitation's draw then continues,
+    so with imitation on only the replay is compared, not the weights."""
     # coverage_v0: an agent that claimed a landmark can only stay, so most calls are forced
-    cfg = parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0}})
+    cfg = parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
+                        "train": {"self_imitation": imitation}})
     learners = [Gyre(cfg), Gyre(cfg)]
     try:
         trajectories, _ = learners[0].rollout(0)
@@ -24,6 +30,11 @@ def test_forced_decisions_leave_the_policy_update_unchanged(tmp_path):
         metrics = learners[0].learner.fit(batch, trajectories)
         assert metrics["forced_decisions"] == 1.0 - choices.float().mean().item()
         learners[1].learner.fit({k: v[choices] for k, v in batch.items()}, trajectories)
+        if imitation is None:
+            replays = [g.learner.replay.rows for g in learners]
+            assert len(learners[0].learner.replay) == int(choices.sum())
+            assert all(torch.equal(v, replays[1][k]) for k, v in replays[0].items())
+            return
         for (name, a), b in zip(learners[0].policy.state_dict().items(), learners[1].policy.state_dict().values(),
                                 strict=True):
             assert torch.equal(a, b), name

@@ -56,6 +56,7 @@ class Learner:
         """Shuffles minibatches; part of the learner's state, so a resumed run draws the same."""
         self.imitation = config.imitation_weight  # 0 for the LLM manager (the config says so)
         self.imitates = t.self_imitation_rows
+        """Which replayed decisions are imitated: ``group_best`` or ``beat_critic``."""
         self.replay = RowReplay(t.self_imitation_capacity, self_imitation.KEYS) if self.imitation > 0 else None
         """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
         self.centralised = config.manager.centralised_critic
@@ -136,7 +137,7 @@ class Learner:
         out: list[float] = []
         self.manager_module.train()
         with self.fitter.fabric.autocast():
-            for at in range(0, self.minibatch_size * self.epochs, self.minibatch_size):
+            for at in range(0, size, self.minibatch_size):
                 mb = self.fitter.to_learner({k: v[at:at + self.minibatch_size] for k, v in sample.items()})
                 out.append(self.manager_module.imitation_step(mb, weight=self.imitation * scale)["imitation_loss"])
         return {"imitation_weight": scale, "imitation_loss": float(sum(out) / len(out))}

@@ -139,13 +139,14 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
     if credit.mode == "gigpo":
         anchors["anchors"] = torch.zeros(R, T, dtype=torch.long)
         anchors["anchors"][mask] = anchor_states(trajectories, seg, features)
+    episode_outcome = outcomes(trajectories, credit)
+    groups = torch.tensor([t.task_seed for t in trajectories], dtype=torch.long)
     advantages, _ = option_advantages(
         mode="grpo" if config.train.objective == "grpo" else credit.mode,
         rewards=rewards, values=values, durations=durations,
         terminated=terminated, truncated=torch.zeros_like(terminated), gamma=credit.gamma, lam=credit.lam,
         milestones=milestones, mask=mask, episode_index=seg.episode,
-        outcomes=outcomes(trajectories, credit),
-        groups=torch.tensor([t.task_seed for t in trajectories], dtype=torch.long),
+        outcomes=episode_outcome, groups=groups,
         success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
         w_max=credit.blend_weight, w_length=credit.outcome_weight_succeeded, std_ref=0.5,
         outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior,
@@ -157,7 +158,7 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
                            bootstrap_value=torch.zeros(R), mask=mask)
     extra = {}
     if config.imitation_weight > 0 and config.train.self_imitation_rows == "group_best":
-        best = group_best(outcomes(trajectories, credit), torch.tensor([t.task_seed for t in trajectories]))
+        best = group_best(episode_outcome, groups)
         extra[B.GROUP_BEST] = best[torch.tensor([int(seg.episode[r]) for r, row in enumerate(seg.calls)
                                                  for _ in row], dtype=torch.long)]
     if state_scaler is not None:

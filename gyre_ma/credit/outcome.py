@@ -55,6 +55,8 @@ class GroupStats(NamedTuple):
     size: Tensor
     discriminates: Tensor
     """The group's outcomes are not all equal (exact; a group of one never discriminates)."""
+    high: Tensor
+    """The group's highest outcome."""
 
 
 def check_outcomes(outcomes: Tensor) -> None:
@@ -71,7 +73,7 @@ def check_outcomes(outcomes: Tensor) -> None:
 
 
 def group_outcome_stats(*, outcomes: Tensor, groups: Tensor) -> GroupStats:
-    """Mean, std, size and discrimination of each episode's group.
+    """Mean, std, size, discrimination and highest outcome of each episode's group.
 
     Shapes: ``outcomes`` [E] floating, finite; ``groups`` [E] integer (the task seed).
     """
@@ -91,7 +93,7 @@ def group_outcome_stats(*, outcomes: Tensor, groups: Tensor) -> GroupStats:
     high = zeros.scatter_reduce(0, inverse, outcomes, "amax", include_self=False)
     low = zeros.scatter_reduce(0, inverse, outcomes, "amin", include_self=False)
     return GroupStats(mean=mean[inverse], std=std[inverse], size=counts[inverse],
-                      discriminates=(high > low)[inverse])
+                      discriminates=(high > low)[inverse], high=high[inverse])
 
 
 def group_outcome_advantages(*, outcomes: Tensor, groups: Tensor, eps: float = 1e-8) -> Tensor:

@@ -156,7 +156,7 @@ class Learner:
         spread = float(advantages.float().std()) if len(advantages) > 1 else 0.0
         if spread > 1e-6:  # else the advantages were all alike (PPO did not rescale them)
             scale /= spread
-        return {k: v for k, v in sample.items() if k != B.GROUP_BEST}, scale
+        return sample, scale
 
     def _by_minibatch(self, batch: B.Batch, forward: Callable[[B.Batch], torch.Tensor]) -> torch.Tensor:
         """``forward`` (no gradient) of every row of ``batch``, a minibatch's worth at a time, on the CPU."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from gyre_ma import batch as B
+from gyre_ma.credit import group_outcome_stats
 
 KEYS = (B.FEATURES, B.STATE, B.AGENT, B.MASK, B.OPTION, B.RETURN, B.GROUP_BEST)
 """What a stored decision keeps (a :class:`~gyre_ma.trainers.replay.RowReplay` of these):
@@ -45,14 +46,8 @@ def group_best(outcomes: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """Per episode, 1.0 where it is its group's best: its outcome is the group's highest
     (ties all count) and the group's outcomes differ; else 0.0. ``outcomes`` [E] float,
     ``groups`` [E] (the task seed of each episode)."""
-    best = torch.zeros(len(outcomes))
-    for group in groups.unique():
-        members = groups == group
-        scores = outcomes[members].double()
-        top = scores.max()
-        if len(scores) > 1 and float(top) > float(scores.mean()) + 1e-9:
-            best[members] = (scores >= top - 1e-9).float()
-    return best
+    stats = group_outcome_stats(outcomes=outcomes, groups=groups)
+    return (stats.discriminates & (outcomes == stats.high)).float()
 
 
 def group_best_sample(rows: B.Batch, *, size: int, generator: torch.Generator) -> B.Batch | None:

@@ -281,8 +281,18 @@ class TrainConfig(_Section):
     a choice's worth depends on the layout and the policy gradient alone learned none of it
     in 1,200 task seeds (``benchmarks/assignment_bandit.py``), it is what made the learner
     read the layout (``benchmarks/results/README.md``, session 42)."""
+    self_imitation_window: float = Field(0.1, gt=0.0, le=1.0)
+    """Age bound of the self-imitation replay, as a fraction of the run's iterations: only
+    the decisions of the last ``max(1, round(window · iterations))`` updates are imitated
+    (:attr:`self_imitation_updates`). A winner is a sample of the policy that played it, so
+    imitating an old one pulls the policy back toward that policy, and where a group's best
+    is partly luck nothing else comes with the pull. The decisions an update brings range
+    from about 40 (coverage) to 7,000 (the tech tree), so the 4,096-decision ring alone
+    reached back the whole of Pursuit's 50-iteration runs (whose sampled success fell:
+    run seed 4 0.880) but a tenth of coverage's 1,200; a tenth of the run bounds both alike,
+    as ``average_last`` does (``benchmarks/results/README.md``, session 43)."""
     self_imitation_capacity: int = Field(4096, ge=1)
-    """Decisions the self-imitation replay keeps (the newest), imitated or not."""
+    """Decisions the self-imitation replay keeps at most (the newest), imitated or not."""
     objective: Literal["ppo", "grpo"] = "ppo"
     """Manager objective: ``grpo`` is the clipped objective on GRPO advantages, the same as
     ``credit.mode: grpo`` (kept for configs written before that mode existed)."""
@@ -303,6 +313,12 @@ class TrainConfig(_Section):
         if self.iterations < 2:
             return 0.0
         return min(max(iteration, 0) / (self.iterations - 1), 1.0)
+
+    @property
+    def self_imitation_updates(self) -> int:
+        """How many of the newest updates' decisions self-imitation draws from
+        (``self_imitation_window`` of the run's iterations, at least one)."""
+        return max(1, round(self.self_imitation_window * self.iterations))
 
     @property
     def average_start(self) -> int:

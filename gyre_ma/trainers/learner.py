@@ -57,7 +57,8 @@ class Learner:
         self.imitation = config.imitation_weight  # 0 for the LLM manager (the config says so)
         self.imitates = t.self_imitation_rows
         """Which replayed decisions are imitated: ``group_best`` or ``beat_critic``."""
-        self.replay = RowReplay(t.self_imitation_capacity, self_imitation.KEYS) if self.imitation > 0 else None
+        self.replay = (RowReplay(t.self_imitation_capacity, self_imitation.KEYS, updates=t.self_imitation_updates)
+                       if self.imitation > 0 else None)
         """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
         self.centralised = config.manager.centralised_critic
         self.critic_replay = RowReplay(t.critic_replay, CRITIC_KEYS) if t.critic_replay > 0 else None
@@ -119,7 +120,7 @@ class Learner:
         return fit
 
     def _imitate(self, advantages: torch.Tensor) -> dict[str, float]:
-        """``epochs`` self-imitation steps on replayed decisions (module
+        """``epochs`` self-imitation steps on the replay's recent decisions (module
         :mod:`~gyre_ma.trainers.self_imitation`): those of groups' best episodes, drawn
         uniformly at weight 1; or those whose return beat the critic as it is after this
         update, drawn by how far, the excess divided by the spread of the update's
@@ -127,7 +128,7 @@ class Learner:
         on-policy one of the same excess)."""
         size = self.minibatch_size * self.epochs
         if self.imitates == "group_best":
-            best = self_imitation.group_best_sample(self.replay.rows, size=size, generator=self.generator)
+            best = self_imitation.group_best_sample(self.replay.recent(), size=size, generator=self.generator)
             drawn = None if best is None else (best, 1.0)
         else:
             drawn = self._beat_critic_sample(size, advantages)
@@ -143,10 +144,10 @@ class Learner:
         return {"imitation_weight": scale, "imitation_loss": float(sum(out) / len(out))}
 
     def _beat_critic_sample(self, size: int, advantages: torch.Tensor) -> tuple[B.Batch, float] | None:
-        rows = self.replay.rows
+        rows = self.replay.recent()
         critic = self.critic_module.module.critic
         inputs = B.STATE if self.centralised else B.FEATURES
-        with torch.no_grad(), self.fitter.fabric.autocast():  # the whole replay: train.self_imitation_capacity rows
+        with torch.no_grad(), self.fitter.fabric.autocast():  # at most train.self_imitation_capacity rows
             x = self.fitter.to_learner({inputs: rows[inputs], B.AGENT: rows[B.AGENT]})
             values = critic(x[inputs], x[B.AGENT]).float().cpu()
         drawn = self_imitation.imitation_sample(rows, values, size=size, generator=self.generator)

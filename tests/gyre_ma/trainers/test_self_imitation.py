@@ -36,6 +36,57 @@ def test_the_replay_keeps_the_newest_rows_and_only_what_imitation_reads():
     assert all(torch.equal(replay.rows[k], other.rows[k]) for k in replay.rows)
 
 
+def test_the_replay_imitates_only_the_decisions_of_its_last_updates():
+    replay = RowReplay(100, KEYS, updates=2)
+    for start in (0, 10, 20):
+        replay.add(rows(3, start=start))
+    assert sorted(replay.recent()[B.RETURN].tolist()) == [10.0, 11.0, 12.0, 20.0, 21.0, 22.0]
+    assert len(replay) == 9  # kept (within capacity), not imitated
+    assert set(replay.recent()) == set(replay.rows) == set(rows(1)) & set(KEYS)  # no age column
+    replay.add(rows(0, start=99))  # an update with no decisions is not an update of the replay
+    assert sorted(replay.recent()[B.RETURN].tolist()) == [10.0, 11.0, 12.0, 20.0, 21.0, 22.0]
+    other = RowReplay(100, KEYS, updates=2)
+    other.load_state_dict(replay.state_dict())  # a resume keeps each row's age
+    replay.add(rows(1, start=30))
+    other.add(rows(1, start=30))
+    assert sorted(other.recent()[B.RETURN].tolist()) == sorted(replay.recent()[B.RETURN].tolist()) == [
+        20.0, 21.0, 22.0, 30.0]
+    unbounded = RowReplay(100, KEYS)
+    unbounded.load_state_dict(replay.state_dict())
+    assert len(unbounded.recent()[B.RETURN]) == 10
+    with pytest.raises(ValueError, match="updates must be >= 1"):
+        RowReplay(100, KEYS, updates=0)
+
+
+def test_a_replay_saved_before_rows_kept_their_age_loads_as_the_newest_update():
+    old = {"rows": {k: v for k, v in rows(4).items() if k in KEYS}, "next": 0}  # as session 42 saved it
+    replay = RowReplay(100, KEYS, updates=1)
+    replay.load_state_dict(old)
+    assert len(replay.recent()[B.RETURN]) == 4
+    replay.add(rows(2, start=10))
+    assert sorted(replay.recent()[B.RETURN].tolist()) == [10.0, 11.0]
+
+
+def test_the_imitation_window_is_a_tenth_of_the_run_and_the_learner_keeps_to_it(tmp_path):
+    def config(iterations: int, **train):
+        return parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
+                             "train": {"iterations": iterations, **train}})
+
+    assert [config(n).train.self_imitation_updates for n in (1, 4, 50, 1200)] == [1, 1, 5, 120]
+    assert config(50, self_imitation_window=1.0).train.self_imitation_updates == 50
+    with pytest.raises(ValueError, match="self_imitation_window"):
+        config(50, self_imitation_window=0.0)
+    gyre = Gyre(config(20))  # a window of 2 updates
+    try:
+        for i in range(4):
+            gyre.iteration(i)
+        replay = gyre.learner.replay
+        assert replay.updates == 2 and replay.added == 4
+        assert 0 < len(replay.recent()[B.RETURN]) < len(replay)
+    finally:
+        gyre.close()
+
+
 def test_the_replay_names_the_keys_of_a_batch_that_does_not_fit():
     replay = RowReplay(8, KEYS)
     replay.add(rows(2))

@@ -281,16 +281,21 @@ class TrainConfig(_Section):
     a choice's worth depends on the layout and the policy gradient alone learned none of it
     in 1,200 task seeds (``benchmarks/assignment_bandit.py``), it is what made the learner
     read the layout (``benchmarks/results/README.md``, session 42)."""
-    self_imitation_window: float = Field(0.1, gt=0.0, le=1.0)
+    self_imitation_window: float = Field(1.0, gt=0.0, le=1.0)
     """Age bound of the self-imitation replay, as a fraction of the run's iterations: only
     the decisions of the last ``max(1, round(window · iterations))`` updates are imitated
-    (:attr:`self_imitation_updates`). A winner is a sample of the policy that played it, so
-    imitating an old one pulls the policy back toward that policy, and where a group's best
-    is partly luck nothing else comes with the pull. The decisions an update brings range
-    from about 40 (coverage) to 7,000 (the tech tree), so the 4,096-decision ring alone
-    reached back the whole of Pursuit's 50-iteration runs (whose sampled success fell:
-    run seed 4 0.880) but a tenth of coverage's 1,200; a tenth of the run bounds both alike,
-    as ``average_last`` does (``benchmarks/results/README.md``, session 43)."""
+    (:attr:`self_imitation_updates`); 1: no bound but the ring's ``self_imitation_capacity``.
+    A winner is a sample of the policy that played it, so an old one pulls the policy back
+    toward that policy, and where a group's best is partly luck nothing else comes with the
+    pull. The decisions an update brings range from a few dozen (coverage, late in a run) to
+    7,000 (the tech tree), so the 4,096-decision ring reaches back over the whole of a
+    50-iteration Pursuit run but a tenth of a 1,200-iteration coverage run. Off by default:
+    at 0.1, Pursuit's sampled success rises from 0.917 to 0.938 (run seed 4 from 0.880 to
+    0.941, every run ≥ 0.9) and the MiniGrid and Overcooked paths shorten, but the long runs
+    lose what their winners taught them: MPE's greedy paths lengthen from 1.21× to 1.23–1.26×
+    the oracle's, coverage's sampled success falls on both run seeds tried (0.926 / 0.932
+    against 0.934 / 0.950) and the quickstart's run seed 4 from 0.98 to 0.91
+    (``benchmarks/results/README.md``, session 43)."""
     self_imitation_capacity: int = Field(4096, ge=1)
     """Decisions the self-imitation replay keeps at most (the newest), imitated or not."""
     objective: Literal["ppo", "grpo"] = "ppo"

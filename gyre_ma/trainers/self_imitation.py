@@ -1,9 +1,9 @@
 """Self-imitation: replay the learner's own decisions that did well, and imitate them.
 
 Each update also raises the log-probability of replayed decisions (a ring of the newest
-``train.self_imitation_capacity``, of which only those of the last
-``train.self_imitation_window`` of the run's updates are imitated: an old winner pulls the
-policy back toward the policy that played it), ``train.self_imitation_rows`` deciding which:
+``train.self_imitation_capacity``; ``train.self_imitation_window`` can also bound their age:
+an old winner pulls the policy back toward the policy that played it),
+``train.self_imitation_rows`` deciding which:
 
 - ``group_best`` (the default): the decisions of each task seed's best episode. The
   episodes of a group play the same task seed, so where their verified outcomes differ

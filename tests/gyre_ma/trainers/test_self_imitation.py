@@ -67,16 +67,17 @@ def test_a_replay_saved_before_rows_kept_their_age_loads_as_the_newest_update():
     assert sorted(replay.recent()[B.RETURN].tolist()) == [10.0, 11.0]
 
 
-def test_the_imitation_window_is_a_tenth_of_the_run_and_the_learner_keeps_to_it(tmp_path):
+def test_the_imitation_window_is_a_fraction_of_the_run_and_the_learner_keeps_to_it(tmp_path):
     def config(iterations: int, **train):
         return parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0},
                              "train": {"iterations": iterations, **train}})
 
-    assert [config(n).train.self_imitation_updates for n in (1, 4, 50, 1200)] == [1, 1, 5, 120]
-    assert config(50, self_imitation_window=1.0).train.self_imitation_updates == 50
+    assert [config(n).train.self_imitation_updates for n in (1, 50, 1200)] == [1, 50, 1200]  # by default, the run
+    assert [config(n, self_imitation_window=0.1).train.self_imitation_updates for n in (1, 4, 50, 1200)] == [
+        1, 1, 5, 120]
     with pytest.raises(ValueError, match="self_imitation_window"):
         config(50, self_imitation_window=0.0)
-    gyre = Gyre(config(20))  # a window of 2 updates
+    gyre = Gyre(config(20, self_imitation_window=0.1))  # a window of 2 updates
     try:
         for i in range(4):
             gyre.iteration(i)

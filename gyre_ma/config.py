@@ -289,13 +289,26 @@ class TrainConfig(_Section):
     toward that policy, and where a group's best is partly luck nothing else comes with the
     pull. The decisions an update brings range from a few dozen (coverage, late in a run) to
     7,000 (the tech tree), so the 4,096-decision ring reaches back over the whole of a
-    50-iteration Pursuit run but a tenth of a 1,200-iteration coverage run. Off by default:
-    at 0.1, Pursuit's sampled success rises from 0.917 to 0.938 (run seed 4 from 0.880 to
-    0.941, every run ≥ 0.9) and the MiniGrid and Overcooked paths shorten, but the long runs
-    lose what their winners taught them: MPE's greedy paths lengthen from 1.21× to 1.23–1.26×
+    50-iteration Pursuit run but a tenth of a 1,200-iteration coverage run. Off by default
+    (``self_imitation_trust`` is the default's answer). Measured without trust, at 0.1
+    Pursuit's sampled success rises from 0.917 to 0.938 (run seed 4 from 0.880 to 0.941,
+    every run ≥ 0.9) and the MiniGrid and Overcooked paths shorten, but the long runs lose
+    what their winners taught them: MPE's greedy paths lengthen from 1.21× to 1.23–1.26×
     the oracle's, coverage's sampled success falls on both run seeds tried (0.926 / 0.932
     against 0.934 / 0.950) and the quickstart's run seed 4 from 0.98 to 0.91
     (``benchmarks/results/README.md``, session 43)."""
+    self_imitation_trust: bool = True
+    """Trust a replayed winner by how far the policy still stands behind its choice: a
+    ``group_best`` row is drawn ∝ τ = min(1, π_now(a | s) / π_then(a | s)) and the term
+    scaled by the mean τ over the winners (:mod:`gyre_ma.trainers.self_imitation`). A winner
+    is a sample of the policy that played it; where a group's best is partly luck (Pursuit's
+    evaders walk at random) imitating it pulls the policy back toward that older policy, and
+    the 4,096-decision ring holds the whole of a 50-iteration Pursuit run, so session 42's
+    plain imitation cost Pursuit's sampled success (0.917 against 0.938; run seed 4 0.880).
+    With trust: Pursuit 0.934–0.956 (mean 0.948), coverage, the MiniGrid and Overcooked
+    envs, the quickstart, Taxi and the tech tree hold or improve; MPE's paths are longer
+    (greedy 1.20–1.30× the oracle's against 1.17–1.24×), the policy having drifted from some
+    informative winners by chance (``benchmarks/results/README.md``, session 43)."""
     self_imitation_capacity: int = Field(4096, ge=1)
     """Decisions the self-imitation replay keeps at most (the newest), imitated or not."""
     objective: Literal["ppo", "grpo"] = "ppo"

@@ -7,6 +7,7 @@ been warm-started — and nothing of the rollout side (the loop hands it batches
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,8 @@ class Learner:
         self.imitation = config.imitation_weight  # 0 for the LLM manager (the config says so)
         self.imitates = t.self_imitation_rows
         """Which replayed decisions are imitated: ``group_best`` or ``beat_critic``."""
+        self.trusts = t.self_imitation_trust
+        """Whether a group-best row is drawn by min(1, π_now / π_then) of its choice."""
         self.replay = (RowReplay(t.self_imitation_capacity, self_imitation.KEYS, updates=t.self_imitation_updates)
                        if self.imitation > 0 else None)
         """Decisions kept for self-imitation (the MLP manager's; None when it is off)."""
@@ -121,15 +124,17 @@ class Learner:
 
     def _imitate(self, advantages: torch.Tensor) -> dict[str, float]:
         """``epochs`` self-imitation steps on the replay's recent decisions (module
-        :mod:`~gyre_ma.trainers.self_imitation`): those of groups' best episodes, drawn
-        uniformly at weight 1; or those whose return beat the critic as it is after this
+        :mod:`~gyre_ma.trainers.self_imitation`): those of groups' best episodes, drawn by
+        their trust (uniformly where ``train.self_imitation_trust`` is off), the term scaled by
+        its mean; or those whose return beat the critic as it is after this
         update, drawn by how far, the excess divided by the spread of the update's
         ``advantages``, which the PPO step normalised by (a replayed decision weighs as an
         on-policy one of the same excess)."""
         size = self.minibatch_size * self.epochs
         if self.imitates == "group_best":
-            best = self_imitation.group_best_sample(self.replay.recent(), size=size, generator=self.generator)
-            drawn = None if best is None else (best, 1.0)
+            rows = self.replay.recent()
+            drawn = self_imitation.group_best_sample(rows, size=size, generator=self.generator,
+                                                     trust=self._trust(rows) if self.trusts else None)
         else:
             drawn = self._beat_critic_sample(size, advantages)
         if drawn is None:
@@ -142,6 +147,17 @@ class Learner:
                 mb = self.fitter.to_learner({k: v[at:at + self.minibatch_size] for k, v in sample.items()})
                 out.append(self.manager_module.imitation_step(mb, weight=self.imitation * scale)["imitation_loss"])
         return {"imitation_weight": scale, "imitation_loss": float(sum(out) / len(out))}
+
+    def _trust(self, rows: B.Batch) -> torch.Tensor:
+        """Per replayed row, min(1, π_now(a | s) / π_then(a | s)) where it is a group's best
+        (0 elsewhere): how far the policy still stands behind the choice it made then."""
+        trust = torch.zeros(rows[B.OPTION].shape[0])
+        best = rows[B.GROUP_BEST] > 0
+        if bool(best.any()):
+            winners = {k: v[best] for k, v in rows.items()}
+            now = self._by_minibatch(winners, self._log_probs)
+            trust[best] = (now - winners[B.LOG_PROB].float()).exp().clamp(max=1.0)
+        return trust
 
     def _beat_critic_sample(self, size: int, advantages: torch.Tensor) -> tuple[B.Batch, float] | None:
         rows = self.replay.recent()
@@ -190,7 +206,12 @@ class Learner:
                 scale = group["lr"] / group.get("base_lr", group["lr"])
                 group["base_lr"], group["lr"] = lr, lr * scale
         self.critic_initialised = state["critic_initialised"]
-        if self.replay is not None and "self_imitation" in state:
-            self.replay.load_state_dict(state["self_imitation"])
+        saved = state.get("self_imitation")
+        if self.replay is not None and saved is not None:
+            if saved["rows"] and B.LOG_PROB not in saved["rows"]:
+                warnings.warn("the checkpoint's self-imitation replay was written before it kept each decision's "
+                              "log-probability (session 43); the replay starts empty", stacklevel=2)
+            else:
+                self.replay.load_state_dict(saved)
         if self.critic_replay is not None and "critic_replay" in state:
             self.critic_replay.load_state_dict(state["critic_replay"])

@@ -13,8 +13,15 @@ an old winner pulls the policy back toward the policy that played it),
   between layouts; a policy gradient alone, even on exact rewards, learned none of it in
   the 1,200 task seeds a run sees (``benchmarks/assignment_bandit.py``), and the group's
   winner, kept and replayed, is what taught it (``benchmarks/results/README.md``, session
-  42). The term is ``L = −coef · E[log π(a | s)]`` over rows drawn uniformly among the
-  winners' decisions.
+  42). The term is ``L = −coef · E[τ · log π(a | s)]`` over the winners' decisions, with
+  the trust ``τ = min(1, π_now(a | s) / π_then(a | s))`` (``train.self_imitation_trust``;
+  1 everywhere when off): rows are drawn ∝ τ and the loss scaled by its mean. Where a
+  group's best is partly luck (Pursuit's evaders walk at random), the winners are samples
+  of the policy that played them, so imitating them pulls the policy back toward what it
+  was when they were played, and the replay holds tens of updates of them: there the
+  policy gradient has since moved away from many of those choices, τ falls, and the pull
+  with it. Where the winners are right (an assignment read from the layout) the policy
+  has not moved away from them and τ stays near 1 (session 43).
 - ``beat_critic``: Oh et al. 2018 (arXiv 1806.05635). A learner on a sparse outcome sees
   a rare success on a hard task seed once, in one minibatch, as one advantage among many;
   the policy gradient moves it a little and the next groups, sampled from the barely
@@ -38,10 +45,10 @@ import torch
 from gyre_ma import batch as B
 from gyre_ma.credit import group_outcome_stats
 
-KEYS = (B.FEATURES, B.STATE, B.AGENT, B.MASK, B.OPTION, B.RETURN, B.GROUP_BEST)
+KEYS = (B.FEATURES, B.STATE, B.AGENT, B.MASK, B.OPTION, B.LOG_PROB, B.RETURN, B.GROUP_BEST)
 """What a stored decision keeps (a :class:`~gyre_ma.trainers.replay.RowReplay` of these):
-the policy's and the critic's inputs, the choice, its return, whether its episode was its
-group's best (where the batch says)."""
+the policy's and the critic's inputs, the choice and the log-probability it was made with,
+its return, whether its episode was its group's best (where the batch says)."""
 
 
 def group_best(outcomes: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
@@ -52,15 +59,19 @@ def group_best(outcomes: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return (stats.discriminates & (outcomes == stats.high)).float()
 
 
-def group_best_sample(rows: B.Batch, *, size: int, generator: torch.Generator) -> B.Batch | None:
-    """``size`` rows drawn uniformly (with replacement) among those of a group's best
-    episode; None where there are none."""
-    weight = rows[B.GROUP_BEST].float()
+def group_best_sample(rows: B.Batch, *, size: int, generator: torch.Generator,
+                      trust: torch.Tensor | None = None) -> tuple[B.Batch, float] | None:
+    """``size`` rows drawn (with replacement) among those of a group's best episode, with
+    probability ∝ ``trust`` (uniformly where None), and the mean trust over those rows (the
+    loss's scale); None where there are none, or none is trusted."""
+    best = rows[B.GROUP_BEST].float()
+    weight = best if trust is None else best * trust.float()
     total = float(weight.sum())
     if not total > 0.0:
         return None
     picked = torch.multinomial(weight / total, size, replacement=True, generator=generator)
-    return {k: v[picked] for k, v in rows.items() if k not in (B.RETURN, B.GROUP_BEST)}
+    sample = {k: v[picked] for k, v in rows.items() if k not in (B.RETURN, B.GROUP_BEST, B.LOG_PROB)}
+    return sample, total / float(best.sum())
 
 
 def imitation_sample(rows: B.Batch, values: torch.Tensor, *, size: int,
@@ -72,4 +83,4 @@ def imitation_sample(rows: B.Batch, values: torch.Tensor, *, size: int,
     if not total > 0.0:
         return None
     picked = torch.multinomial(weight / total, size, replacement=True, generator=generator)
-    return {k: v[picked] for k, v in rows.items() if k != B.RETURN}, total / len(weight)
+    return {k: v[picked] for k, v in rows.items() if k not in (B.RETURN, B.LOG_PROB)}, total / len(weight)

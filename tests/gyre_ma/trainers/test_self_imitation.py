@@ -188,6 +188,41 @@ def test_a_resumed_run_replays_the_same_decisions_and_ends_bit_for_bit(tmp_path)
         resumed.close()
 
 
+def test_the_learner_trusts_a_winner_by_how_likely_its_choice_is_now_against_then(tmp_path):
+    gyre = Gyre(parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0}}))
+    try:
+        assert gyre.config.train.self_imitation_trust
+        for i in range(3):
+            gyre.iteration(i)
+        rows = gyre.learner.replay.rows
+        best = rows[B.GROUP_BEST] > 0
+        assert bool(best.any()) and not bool(best.all())
+        trust = gyre.learner._trust(rows)
+        assert bool((trust[~best] == 0).all())
+        with torch.no_grad():
+            logits = gyre.learner.manager_module.module.policy.batch_logits({k: v[best] for k, v in rows.items()})
+        now = torch.distributions.Categorical(logits=logits).log_prob(rows[B.OPTION][best])
+        expected = (now - rows[B.LOG_PROB][best]).exp().clamp(max=1.0)
+        assert torch.allclose(trust[best], expected, atol=1e-5)
+        assert bool((trust[best] < 1).any())  # three updates on: some choices have become less likely
+    finally:
+        gyre.close()
+
+
+def test_a_checkpoint_whose_replay_has_no_log_probabilities_resumes_with_an_empty_replay(tmp_path):
+    cfg = parse_config({"env": {"id": "coverage_v0"}, "run_root": str(tmp_path), "roles": {"evaluators": 0}})
+    gyre = Gyre(cfg, tmp_path / "a")
+    try:
+        gyre.iteration(0)
+        state = gyre.learner.state_dict()
+        state["self_imitation"]["rows"].pop(B.LOG_PROB)  # as session 42 wrote it
+        with pytest.warns(UserWarning, match="log-probability"):
+            gyre.learner.load_state_dict(state)
+        gyre.iteration(1)  # the replay refills
+    finally:
+        gyre.close()
+
+
 def test_a_groups_best_episodes_are_those_at_its_highest_outcome_where_outcomes_differ():
     outcomes = torch.tensor([0.5, 0.8, 0.8, 0.2, 0.7, 0.7, 0.7, 0.0, 0.9, 0.3])
     groups = torch.tensor([1, 1, 1, 1, 2, 2, 2, 3, 4, 4])
@@ -198,11 +233,21 @@ def test_a_groups_best_episodes_are_those_at_its_highest_outcome_where_outcomes_
 
 def test_group_best_draws_only_the_winners_rows_and_nothing_without_them():
     data = rows(4) | {B.GROUP_BEST: torch.tensor([0.0, 1.0, 0.0, 1.0])}
-    sample = group_best_sample(data, size=4000, generator=torch.Generator().manual_seed(0))
+    sample, scale = group_best_sample(data, size=4000, generator=torch.Generator().manual_seed(0))
     assert set(sample[B.OPTION].tolist()) == {1, 3}
     assert (sample[B.OPTION] == 1).float().mean().item() == pytest.approx(0.5, abs=0.03)  # uniformly
+    assert scale == 1.0
     assert B.RETURN not in sample and B.GROUP_BEST not in sample
     assert group_best_sample(data | {B.GROUP_BEST: torch.zeros(4)}, size=5, generator=torch.Generator()) is None
+
+
+def test_a_winner_the_policy_has_moved_away_from_is_drawn_less_and_the_term_shrinks_with_it():
+    data = rows(4) | {B.GROUP_BEST: torch.tensor([0.0, 1.0, 0.0, 1.0])}
+    trust = torch.tensor([1.0, 1.0, 1.0, 0.25])  # row 3's choice: a quarter as likely now as when it was made
+    sample, scale = group_best_sample(data, size=5000, generator=torch.Generator().manual_seed(0), trust=trust)
+    assert (sample[B.OPTION] == 3).float().mean().item() == pytest.approx(0.25 / 1.25, abs=0.03)
+    assert scale == pytest.approx((1.0 + 0.25) / 2)  # the mean trust over the winners
+    assert group_best_sample(data, size=5, generator=torch.Generator(), trust=torch.zeros(4)) is None
 
 
 def test_by_default_the_option_manager_imitates_its_groups_winners_and_the_baselines_do_not(tmp_path):
@@ -235,7 +280,7 @@ def test_the_batch_marks_the_decisions_of_each_groups_best_episode_and_an_update
         assert len(seeds) > 1 and batch[B.GROUP_BEST].tolist() == expected
         assert 0 < sum(expected) < len(expected)
         metrics = gyre.learner.fit(batch, trajectories)
-        assert metrics["imitation_weight"] == 1.0 and metrics["imitation_loss"] > 0
+        assert 0 < metrics["imitation_weight"] <= 1.0 and metrics["imitation_loss"] > 0  # the mean trust
         assert len(gyre.learner.replay) == int((batch[B.MASK].sum(-1) > 1).sum())
     finally:
         gyre.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,9 @@ import torch
 from torch import nn
 
 from gyre_ma.envs.base import NumericView
+from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.library import OptionLibrary
+from gyre_ma.options.option import Option
 
 if TYPE_CHECKING:
     from gyre_ma.options.decision import Decision
@@ -37,7 +40,11 @@ class Featurizer:
     """Decision → manager input: the flat observation scaled into [0, 1], achieved-milestone
     bits, last option (one-hot, with a slot for "none yet"), with several agents the share
     of the other agents running each option (``Decision.others``: what a shared manager
-    needs to split work between agents that look alike), and the time fraction.
+    needs to split work between agents that look alike), the time fraction, and where
+    options have ``features`` (:attr:`~gyre_ma.options.option.Option.features`) every
+    option's own, option by option (:attr:`option_features` each; zeros for an option
+    without), last. They are a function of the observation, so a recorded call is
+    featurised again exactly as it was decided.
 
     Narrow dimensions (tile ids, vitals, flags: span ≤ ``log_span``) scale linearly. Wide
     ones are counts (an inventory bounded by 255), where the few units that decide a recipe
@@ -62,7 +69,14 @@ class Featurizer:
         self._scale = np.where(self._wide, 1.0 / np.log1p(span), 1.0 / span).astype(np.float32)
         self.obs_dim = int(flat.shape[0])
         self._others_at = self.obs_dim + len(self.milestones) + self.n_options + 1
-        self.dim = self._others_at + (self.n_options if self._others else 0) + 1
+        self.time_column = self._others_at + (self.n_options if self._others else 0)
+        """The column of the time fraction."""
+        self._featured = [(i, opt) for i, opt in enumerate(library) if opt.features is not None]
+        self.option_features = self._feature_size(observation_space) if self._featured else 0
+        """Length of each option's own features; 0 where no option has ``features``."""
+        self.options_at = self.time_column + 1
+        """Where the options' features start: ``n_options`` rows of :attr:`option_features`."""
+        self.dim = self.options_at + self.n_options * self.option_features
         self._milestone_index = {m: i for i, m in enumerate(self.milestones)}
         self._bits_of: dict[frozenset[str], np.ndarray] = {}
 
@@ -84,8 +98,55 @@ class Featurizer:
             for row, d in enumerate(items):
                 for option in d.others:
                     out[row, self._others_at + option] += self._others
-        out[:, -1] = [d.time_fraction for d in items]
+        out[:, self.time_column] = [d.time_fraction for d in items]
+        if self.option_features:
+            out[:, self.options_at:] = self._option_block(items).reshape(n, -1)
         return out
+
+    def _feature_size(self, observation_space: gym.Space) -> int:
+        """The common length of the options' features, read off one sample observation."""
+        sample = copy.deepcopy(observation_space).sample()  # a copy: the env's space keeps its RNG
+        sizes = {opt.name: self._option_row(opt, sample).shape[0] for _, opt in self._featured}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"the options' features must all have one length (the manager scores them with one "
+                             f"network); got {sizes}")
+        size = next(iter(sizes.values()))
+        if size < 1:
+            raise ValueError(f"option {next(iter(sizes))!r}: features returned an empty array; expected a 1-D "
+                             "array of floats")
+        return size
+
+    @staticmethod
+    def _option_row(option: Option, observation: Any) -> np.ndarray:
+        try:
+            row = option.features(observation)  # type: ignore[misc]
+        except Exception as exc:
+            raise UserCodeError(f"features {callable_name(option.features)} of option {option.name!r}", exc) from exc
+        try:
+            row = np.asarray(row, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise ValueError(f"option {option.name!r}: features returned {type(row).__name__} {row!r:.80}; "
+                             "expected a 1-D array of floats") from None
+        if row.ndim != 1:
+            raise ValueError(f"option {option.name!r}: features returned an array of shape {row.shape}; "
+                             "expected a 1-D array of floats")
+        return row
+
+    def _option_block(self, items: Sequence[Decision | OptionCall]) -> np.ndarray:
+        """Each item's options' features: [N, n_options, option_features]."""
+        size = self.option_features
+        block = np.zeros((len(items), self.n_options, size), dtype=np.float32)
+        for row, d in enumerate(items):
+            for i, opt in self._featured:
+                values = self._option_row(opt, d.observation)
+                if values.shape[0] != size:
+                    raise ValueError(f"option {opt.name!r}: features returned {values.shape[0]} values for agent "
+                                     f"{d.agent!r}; expected {size}, the length they had before")
+                if not np.isfinite(values).all():
+                    raise ValueError(f"option {opt.name!r}: features returned a value that is not finite for "
+                                     f"agent {d.agent!r}: {values.tolist()}")
+                block[row, i] = values
+        return block
 
     def _bits(self, achieved: frozenset[str]) -> np.ndarray:
         """The milestone bits of a verified set (cached: a rollout's decisions share few sets)."""
@@ -121,7 +182,7 @@ class ManagerPolicy(nn.Module):
     workers and into checkpoints, so every copy of a policy version samples alike."""
 
     def __init__(self, features: int, n_options: int, n_agents: int, *, hidden: int = 128,
-                 layers: int = 2, agent_embedding: int = 8) -> None:
+                 layers: int = 2, agent_embedding: int = 8, option_features: int = 0) -> None:
         super().__init__()
         self.agent_embedding = nn.Embedding(n_agents, agent_embedding)
         self.body = mlp_body(features + agent_embedding, hidden, layers)
@@ -129,11 +190,26 @@ class ManagerPolicy(nn.Module):
         nn.init.orthogonal_(self.head.weight, gain=0.01)
         nn.init.zeros_(self.head.bias)
         self.register_buffer("inverse_temperature", torch.ones(()))
+        self.option_features = option_features
+        """Length of each option's own features, the last ``n_options × option_features``
+        of ``features`` (:attr:`Featurizer.option_features`); 0: none."""
+        if option_features:
+            # one scorer for every option, from that option's features alone: what it
+            # learns of one option holds for all (the nearer target is better, whichever)
+            self.option_body = mlp_body(option_features, hidden, layers)
+            self.option_head = nn.Linear(hidden, 1)
+            nn.init.orthogonal_(self.option_head.weight, gain=0.01)
+            nn.init.zeros_(self.option_head.bias)
 
     def forward(self, features: torch.Tensor, agent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """features [B, F], agent [B] long, mask [B, K] bool → masked logits [B, K]."""
+        """features [B, F], agent [B] long, mask [B, K] bool → masked logits [B, K]: the
+        head's logit of each option, plus with option features the shared scorer's."""
         x = torch.cat([features, self.agent_embedding(agent)], dim=-1)
-        logits = self.head(self.body(x)) * self.inverse_temperature
+        logits = self.head(self.body(x))
+        if self.option_features:
+            own = features[:, features.shape[1] - logits.shape[1] * self.option_features:]
+            logits = logits + self.option_head(self.option_body(own.reshape(*logits.shape, -1))).squeeze(-1)
+        logits = logits * self.inverse_temperature
         return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
 
     def set_temperature(self, temperature: float) -> None:

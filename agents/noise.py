@@ -636,9 +636,10 @@ class PolicyActor:
 
 
 class RowwiseForward:
-    """A policy's or critic's forward pass (agent embedding, layer-normalised body, head)
-    computed row by row: every linear layer is a batched matrix product of [B, 1, in]
-    rows, every other op elementwise, so a row's result does not depend on the rows
+    """A policy's or critic's forward pass (agent embedding, layer-normalised body, head;
+    a policy's shared option scorer, where it has one) computed row by row: every linear
+    layer is a batched matrix product of [B, M, in] rows (M = 1, or one per option for the
+    scorer), every other op elementwise, so a row's result does not depend on the rows
     batched with it and an episode plays the same in any batch. ``rows`` (parameter name
     → [B, *shape]) gives each row its own parameters in place of the module's own.
 
@@ -651,43 +652,63 @@ class RowwiseForward:
         self.scale: Tensor | None = getattr(module, "inverse_temperature", None)
         """The policy's inverse temperature (a buffer, updated in place), applied to its
         output; None for a critic."""
-        self.layers: list[tuple[int, str, str, Tensor | None, Tensor | None, float]] = []
+        self.layers = self._read(module, params, "body", "head")
         """Per layer: its kind (0 linear, 1 norm, 2 tanh), the names of its weight and bias,
         the module's own weight and bias shaped for the row-wise ops, its eps."""
-        for name, layer in [*((f"body.{i}", layer) for i, layer in enumerate(module.body)), ("head", module.head)]:
+        self.option_features = int(getattr(module, "option_features", 0))
+        self.option_layers = self._read(module, params, "option_body", "option_head") if self.option_features else []
+        """The same for the policy's option scorer (:class:`ManagerPolicy`), applied to each
+        option's features."""
+
+    @staticmethod
+    def _read(module: nn.Module, params: dict[str, Tensor], body: str,
+              head: str) -> list[tuple[int, str, str, Tensor | None, Tensor | None, float]]:
+        layers: list[tuple[int, str, str, Tensor | None, Tensor | None, float]] = []
+        for name, layer in [*((f"{body}.{i}", layer) for i, layer in enumerate(getattr(module, body))),
+                            (head, getattr(module, head))]:
             w, b = f"{name}.weight", f"{name}.bias"
             if isinstance(layer, nn.Linear):
-                self.layers.append((0, w, b, params[w].t().unsqueeze(0), params[b].view(1, 1, -1), 0.0))
+                layers.append((0, w, b, params[w].t().unsqueeze(0), params[b].view(1, 1, -1), 0.0))
             elif isinstance(layer, nn.LayerNorm) and layer.elementwise_affine and len(layer.normalized_shape) == 1:
-                self.layers.append((1, w, b, params[w].view(1, 1, -1), params[b].view(1, 1, -1), float(layer.eps)))
+                layers.append((1, w, b, params[w].view(1, 1, -1), params[b].view(1, 1, -1), float(layer.eps)))
             elif isinstance(layer, nn.Tanh):
-                self.layers.append((2, w, b, None, None, 0.0))
+                layers.append((2, w, b, None, None, 0.0))
             else:
                 raise TypeError(f"no row-by-row form for layer {type(layer).__name__} of {type(module).__name__}; "
                                 "expected Linear, LayerNorm or Tanh")
+        return layers
 
     def __call__(self, x: Tensor, agent: Tensor, rows: Mapping[str, Tensor] | None = None) -> Tensor:
         n = x.shape[0]
+        embedded = self.embedding[agent] if rows is None else rows["agent_embedding.weight"][torch.arange(n), agent]
+        out = _rowwise(self.layers, torch.cat([x, embedded], dim=-1).unsqueeze(1), rows).squeeze(1)
+        if self.option_features:  # [B, K]: each option's features through the shared scorer
+            own = x[:, x.shape[1] - out.shape[1] * self.option_features:].reshape(n, out.shape[1], -1)
+            out = out + _rowwise(self.option_layers, own, rows).squeeze(-1)
+        return out if self.scale is None else out * self.scale
+
+
+def _rowwise(layers: list[tuple[int, str, str, Tensor | None, Tensor | None, float]], h: Tensor,
+             rows: Mapping[str, Tensor] | None) -> Tensor:
+    """``layers`` (:meth:`RowwiseForward._read`) applied to ``h`` [B, M, in], each row with
+    the module's parameters or (``rows``) its own."""
+    n = h.shape[0]
+    for kind, wname, bname, w, b, eps in layers:
         if rows is None:
-            h = torch.cat([x, self.embedding[agent]], dim=-1).unsqueeze(1)  # [B, 1, features]
-            for kind, _, _, w, b, eps in self.layers:
-                if kind == 0:
-                    h = torch.baddbmm(b, h, w.expand(n, -1, -1))
-                elif kind == 1:  # the normalisation, then its affine elementwise
-                    h = torch.addcmul(b, F.layer_norm(h, h.shape[-1:], eps=eps), w)
-                else:
-                    h = torch.tanh(h)
-            return h.squeeze(1) if self.scale is None else h.squeeze(1) * self.scale
-        h = torch.cat([x, rows["agent_embedding.weight"][torch.arange(n), agent]], dim=-1).unsqueeze(1)
-        for kind, wname, bname, _, _, eps in self.layers:
             if kind == 0:
-                h = torch.baddbmm(rows[bname].unsqueeze(1), h, rows[wname].transpose(1, 2))
-            elif kind == 1:  # elementwise: a row gets what the shared affine would give it
-                h = torch.addcmul(rows[bname].unsqueeze(1), F.layer_norm(h, h.shape[-1:], eps=eps),
-                                  rows[wname].unsqueeze(1))
+                h = torch.baddbmm(b, h, w.expand(n, -1, -1))
+            elif kind == 1:  # the normalisation, then its affine elementwise
+                h = torch.addcmul(b, F.layer_norm(h, h.shape[-1:], eps=eps), w)
             else:
                 h = torch.tanh(h)
-        return h.squeeze(1) if self.scale is None else h.squeeze(1) * self.scale
+        elif kind == 0:
+            h = torch.baddbmm(rows[bname].unsqueeze(1), h, rows[wname].transpose(1, 2))
+        elif kind == 1:  # elementwise: a row gets what the shared affine would give it
+            h = torch.addcmul(rows[bname].unsqueeze(1), F.layer_norm(h, h.shape[-1:], eps=eps),
+                              rows[wname].unsqueeze(1))
+        else:
+            h = torch.tanh(h)
+    return h
 
 
 class NoisyManager:

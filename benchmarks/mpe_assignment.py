@@ -103,7 +103,8 @@ def clone(env: Any, library: Any, oracle: Any, *, episodes: int, hidden: int, la
     x, agent, mask, target = (torch.tensor(np.stack(col)) for col in zip(*rows))
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        policy = ManagerPolicy(featurize.dim, len(library), len(env.possible_agents), hidden=hidden, layers=layers)
+        policy = ManagerPolicy(featurize.dim, len(library), len(env.possible_agents), hidden=hidden, layers=layers,
+                               option_features=featurize.option_features)
         optimiser = torch.optim.Adam(policy.parameters(), lr=1e-3)
         for _ in range(60):
             order = torch.randperm(len(target))

@@ -184,11 +184,31 @@ def _open(k: int) -> Any:
     return open_
 
 
+class LandmarkFeatures:
+    """``go_to_k``'s features, read off the deciding agent's observation (MPE lays it out as
+    its velocity, its position, each landmark's position and each other agent's relative to
+    it, then the silent channel: 6N numbers): where landmark ``k`` lies from it, how far,
+    and how far each other agent is from ``k``, nearest first — N + 2 numbers. The same
+    for every landmark, so what the manager learns of one (the nearer, the better, unless
+    another agent is nearer still) holds for all."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        obs = np.asarray(observation, dtype=np.float64)
+        n = obs.shape[0] // 6
+        mark = obs[4 + 2 * self.k: 6 + 2 * self.k]
+        others = obs[4 + 2 * n: 4 + 2 * n + 2 * (n - 1)].reshape(n - 1, 2)
+        return np.concatenate([mark, [np.linalg.norm(mark)], np.sort(np.linalg.norm(others - mark, axis=1))])
+
+
 _GO_TO = [(export(globals(), f"go_to_{k}", GoTo(k)), export(globals(), f"parked_{k}", _parked_on(k)),
-           export(globals(), f"taken_{k}", _taken(k)), export(globals(), f"open_{k}", _open(k)))
+           export(globals(), f"taken_{k}", _taken(k)), export(globals(), f"open_{k}", _open(k)),
+           export(globals(), f"landmark_{k}", LandmarkFeatures(k)))
           for k in range(MAX_LANDMARKS)]
-"""Per landmark: ``go_to_k``'s sub-policy and its done, failure and initiation predicates,
-module attributes (a dumped library's references resolve)."""
+"""Per landmark: ``go_to_k``'s sub-policy, its done, failure and initiation predicates and
+its features, module attributes (a dumped library's references resolve)."""
 
 
 def stay(ctx: OptionContext) -> int:
@@ -203,11 +223,12 @@ def never(ctx: OptionContext) -> bool:
     return False
 
 
-def spread_library(n: int = 3, hold: bool = False) -> OptionLibrary:
+def spread_library(n: int = 3, hold: bool = False, features: bool = False) -> OptionLibrary:
     """``go_to_0`` … ``go_to_{n-1}`` (exclusive: one agent heads for a landmark at a time)
     and ``stay``. With ``hold``, ``go_to_k`` does not end once its agent is parked on ``k``:
     it holds the landmark until the episode ends (or another agent takes it), so each agent
-    is assigned once, not asked again every step.
+    is assigned once, not asked again every step. With ``features``, each ``go_to_k``
+    describes its landmark to the manager (:class:`LandmarkFeatures`).
 
     Without ``exclusive`` (session 40) a later agent could head for the landmark an earlier
     one had just taken, and the learner kept doing so on 5-8 % of layouts; a parked agent,
@@ -216,9 +237,10 @@ def spread_library(n: int = 3, hold: bool = False) -> OptionLibrary:
     held-out success). Exclusive, a parked agent's only eligible option once every other
     landmark is taken or headed for is ``stay``: a forced call, not a choice."""
     library = OptionLibrary("mpe_spread", task_graph(n))
-    for k, (go, parked, taken, open_) in enumerate(_GO_TO[:n]):
+    for k, (go, parked, taken, open_, landmark) in enumerate(_GO_TO[:n]):
         library.add(Option(f"go_to_{k}", go, milestone=f"covered_{k}", repeatable=True, initiation=open_,
                            done=never if hold else parked, failure=taken, max_steps=25, exclusive=True,
+                           features=landmark if features else None,
                            description=f"drive onto landmark {k} and {'hold it' if hold else 'come to rest there'}"))
     library.add(Option("stay", stay, done=one_step, max_steps=1, description="push nothing for one step"))
     return library.validate()

@@ -98,16 +98,19 @@ def anchor_inputs(trajectories: list[Trajectory], seg: Segments, names: tuple[st
             "at_end": torch.from_numpy(at_end)}
 
 
-def anchor_states(trajectories: list[Trajectory], seg: Segments, features: np.ndarray) -> torch.Tensor:
+def anchor_states(trajectories: list[Trajectory], seg: Segments, features: np.ndarray,
+                  time_column: int = -1) -> torch.Tensor:
     """GiGPO's anchor-state group of every call (in ``seg``'s row order), [N] long: calls
     share a group when they decided for the same agent, in the same task seed, from the same
-    decision state — the manager's features, the time fraction (their last column) aside."""
+    decision state — the manager's features, the time fraction (their ``time_column``,
+    :attr:`~gyre_ma.agents.manager.Featurizer.time_column`) aside."""
     ids: dict[tuple[int, int, bytes], int] = {}
     out, i = [], 0
+    state = np.delete(features, time_column, axis=1)
     for r, row in enumerate(seg.calls):
         seed = trajectories[int(seg.episode[r])].task_seed
         for c in row:
-            key = (seed, c.agent_index, features[i, :-1].tobytes())
+            key = (seed, c.agent_index, state[i].tobytes())
             out.append(ids.setdefault(key, len(ids)))
             i += 1
     return torch.tensor(out, dtype=torch.long)
@@ -138,7 +141,7 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
     anchors = anchor_inputs(trajectories, seg, names) if credit.anchored else {}
     if credit.mode == "gigpo":
         anchors["anchors"] = torch.zeros(R, T, dtype=torch.long)
-        anchors["anchors"][mask] = anchor_states(trajectories, seg, features)
+        anchors["anchors"][mask] = anchor_states(trajectories, seg, features, featurizer.time_column)
     episode_outcome = outcomes(trajectories, credit)
     groups = torch.tensor([t.task_seed for t in trajectories], dtype=torch.long)
     advantages, _ = option_advantages(

@@ -20,9 +20,9 @@ from gyre_ma.options.yaml_file import read_yaml
 
 _OPTION_KEYS = {
     "name", "milestone", "policy", "initiation", "done", "failure", "max_steps", "repeatable",
-    "exclusive", "description", "kind", "llm", "neural",
+    "exclusive", "description", "kind", "llm", "neural", "features",
 }
-_CALLABLE_KEYS = ("policy", "initiation", "done", "failure")
+_CALLABLE_KEYS = ("policy", "initiation", "done", "failure", "features")
 OPTION_KINDS = {"llm": "gyre_ma.llm.option:policy_from_spec", "neural": "gyre_ma.agents.subpolicy:policy_from_spec"}
 """Option kinds a library YAML may declare besides plain callables → the builder of their
 sub-policy from the entry's mapping (named by reference: the options layer does not import
@@ -276,7 +276,7 @@ class OptionLibrary:
                                                               else {"policy": _policy_reference(opt.policy)})}
                 if opt.milestone is not None:
                     entry["milestone"] = opt.milestone
-                for key in ("initiation", "done", "failure"):
+                for key in ("initiation", "done", "failure", "features"):
                     if getattr(opt, key) is not None:
                         entry[key] = reference(getattr(opt, key))
             except ValueError as exc:

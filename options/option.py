@@ -100,7 +100,7 @@ class Termination(enum.Enum):
     TIMEOUT = "timeout"  # its sub-policy ran past the call's wall-clock budget (a failure)
 
 
-def _check_callable(owner: str, what: str, fn: object, n_args: int = 1) -> None:
+def _check_callable(owner: str, what: str, fn: object, n_args: int = 1, takes: str = "an OptionContext") -> None:
     if fn is None:
         return
     if not callable(fn):
@@ -119,7 +119,7 @@ def _check_callable(owner: str, what: str, fn: object, n_args: int = 1) -> None:
     ]
     if len(params) > n_args or (len(positional) < n_args and not varargs):
         raise TypeError(
-            f"option {owner!r}: {what} must take exactly one argument (an OptionContext), "
+            f"option {owner!r}: {what} must take exactly one argument ({takes}), "
             f"got signature {sig}"
         )
 
@@ -142,6 +142,13 @@ class Option:
     An ``exclusive`` option is run by one agent at a time: while another agent runs it
     (or chose it earlier in the same step), it is not eligible (a target, a station, a
     door only one agent should head for).
+
+    ``features`` describes the option as the deciding agent sees it: a function of that
+    agent's observation (what the manager sees) returning a 1-D array of floats, the same
+    length for every option of the library that has one (an option without reads as
+    zeros). The manager scores every option from its own features with one network shared
+    by all of them, beside its per-option head: what it learns about one target (the
+    nearer, the better) holds for every target (:class:`~gyre_ma.agents.manager.ManagerPolicy`).
     """
 
     name: str
@@ -157,6 +164,8 @@ class Option:
     description: str = ""
     exclusive: bool = False
     """Not eligible while another agent runs it."""
+    features: Callable[[Any], Any] | None = None
+    """Observation → this option's features (a 1-D float array); see above."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -169,6 +178,7 @@ class Option:
             _check_callable(self.name, "policy", self.policy)
         for what in ("initiation", "done", "failure"):
             _check_callable(self.name, what, getattr(self, what))
+        _check_callable(self.name, "features", self.features, takes="the deciding agent's observation")
         for flag in ("repeatable", "exclusive"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"option {self.name!r}: {flag} must be true or false, got {getattr(self, flag)!r}")

@@ -156,7 +156,8 @@ class RolloutKit:
             self.llm_engine = m.llm.engine
         else:
             self.policy = ManagerPolicy(self.featurizer.dim, len(self.library), len(agents), hidden=m.hidden,
-                                        layers=m.layers, agent_embedding=m.agent_embedding)
+                                        layers=m.layers, agent_embedding=m.agent_embedding,
+                                        option_features=self.featurizer.option_features)
         if getattr(m, "centralised_critic", False):
             self.state_scaler = StateScaler(self.env.state_space)
         inputs = self.state_scaler.dim if self.state_scaler else self.featurizer.dim
@@ -174,7 +175,8 @@ class RolloutKit:
             return self.featurizer, self.policy, self.critic
         agents = self.env.possible_agents
         featurizer = Featurizer(self.env.observation_space(agents[0]), self.library, len(agents))
-        policy = ManagerPolicy(featurizer.dim, len(self.library), len(agents))
+        policy = ManagerPolicy(featurizer.dim, len(self.library), len(agents),
+                               option_features=featurizer.option_features)
         return featurizer, policy, Critic(featurizer.dim, len(agents))
 
     def load(self, weights: Weights | None, version: int) -> None:

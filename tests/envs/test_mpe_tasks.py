@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("mpe2", reason="PettingZoo MPE (pip install --no-deps mpe2) is not installed")
 
@@ -17,6 +18,7 @@ from gyre_ma.checks import check_setup  # noqa: E402
 from gyre_ma.envs.checks import check_env  # noqa: E402
 from gyre_ma.envs.mpe_tasks import (  # noqa: E402
     FixedAssignment,
+    LandmarkFeatures,
     SpreadOracle,
     covered,
     make_spread,
@@ -144,13 +146,60 @@ def test_with_hold_a_parked_agent_keeps_its_landmark_to_the_end() -> None:
     assert np.mean([len(t.calls) for t in runs]) + 4 < np.mean([len(t.calls) for t in asked])
 
 
-@pytest.mark.parametrize("hold", [False, True])
-def test_the_library_dumps_and_loads_back(tmp_path, hold: bool) -> None:
+@pytest.mark.parametrize("hold,features", [(False, False), (True, False), (True, True)])
+def test_the_library_dumps_and_loads_back(tmp_path, hold: bool, features: bool) -> None:
     from gyre_ma.options.library import OptionLibrary
 
-    library = spread_library(hold=hold)
+    library = spread_library(hold=hold, features=features)
     library.dump(tmp_path / "spread.yaml")
     loaded = OptionLibrary.load(tmp_path / "spread.yaml")
     assert loaded.to_spec() == library.to_spec()
-    assert all((a.policy, a.initiation, a.done, a.failure) == (b.policy, b.initiation, b.done, b.failure)
+    assert all((a.policy, a.initiation, a.done, a.failure, a.features) ==
+               (b.policy, b.initiation, b.done, b.failure, b.features)
                for a, b in zip(loaded, library))  # the module's own objects, resolved by name
+    assert ("features" in library.to_spec()["options"][0]) == features
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_landmark_features_describe_each_landmark_from_the_deciding_agent(n: int) -> None:
+    env = make_spread(n=n)
+    observations, _ = env.reset(seed=3)
+    world = env.unwrapped.world
+    for i, agent in enumerate(env.possible_agents):
+        me = world.agents[i].state.p_pos
+        others = [a.state.p_pos for j, a in enumerate(world.agents) if j != i]
+        for k, landmark in enumerate(world.landmarks):
+            got = LandmarkFeatures(k)(observations[agent])
+            mark = landmark.state.p_pos - me
+            assert got.shape == (n + 2,)
+            np.testing.assert_allclose(got[:2], mark, atol=1e-5)
+            np.testing.assert_allclose(got[2], np.linalg.norm(mark), atol=1e-5)
+            np.testing.assert_allclose(got[3:], sorted(np.linalg.norm(o - landmark.state.p_pos) for o in others),
+                                       atol=1e-5)
+
+
+def test_a_library_with_features_trains_and_resumes_from_its_checkpoint(tmp_path) -> None:
+    """The manager scores the go_to options from their features; a run writes the scorer into
+    its checkpoint and a resumed run goes on from it bit for bit."""
+    from gyre_ma.config import parse_config
+    from gyre_ma.loop import Gyre
+
+    raw = {"seed": 0, "env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},
+           "library": "gyre_ma.envs.mpe_tasks:spread_library", "library_kwargs": {"hold": True, "features": True},
+           "manager": {"hidden": 16}, "train": {"iterations": 4}}
+    whole = Gyre(parse_config(raw))
+    assert whole.featurizer.option_features == 5 and whole.policy.option_features == 5
+    before = whole.policy.option_head.weight.clone()
+    history = [whole.iteration(i) for i in range(4)]
+    assert not torch.equal(before, whole.policy.option_head.weight)  # the scorer learns
+    first = Gyre(parse_config(raw))
+    for i in range(2):
+        first.iteration(i)
+    state = first.state_dict()
+    assert any(k.startswith("option_body.") for k in state["policy"])
+    resumed = Gyre(parse_config(raw))
+    resumed.load_state_dict(state)
+    rest = [resumed.iteration(i) for i in range(2, 4)]
+    assert [m["success_rate"] for m in rest] == [m["success_rate"] for m in history[2:]]
+    for p, q in zip(whole.policy.parameters(), resumed.policy.parameters(), strict=True):
+        assert torch.equal(p, q)

@@ -19,7 +19,12 @@ numbers of layouts; the policy gradient as the default learner applies it (PPO's
 objective, 4 epochs, advantages normalised within a group of 4 choices sampled on the
 same layout — exact rewards, so the group compares the choices themselves), with 2
 layouts an update (the benchmark's 8 episodes an iteration in groups of 4) and with 16,
-judged after the same numbers of layouts. Prints one JSON object.
+judged after the same numbers of layouts; and the policy gradient at 2 layouts an update on
+the network the manager has when options describe themselves (``Option.features``, session
+44): each landmark scored from its own features (``LandmarkFeatures``: where it lies, how far,
+how far the other agents are from it, nearest first) by one network shared by the three,
+alone (``option_scorer``) and added to the per-landmark head over the observation, as
+``ManagerPolicy`` adds them (``head_and_option_scorer``). Prints one JSON object.
 
     python benchmarks/assignment_bandit.py > benchmarks/results/assignment_bandit.json
 """
@@ -61,6 +66,27 @@ def network(inputs: int, seed: int) -> nn.Module:
                          nn.Tanh(), nn.Linear(128, AGENTS))
 
 
+class OptionScorer(nn.Module):
+    """Each landmark's logit from its own features (``gyre_ma.envs.mpe_tasks.LandmarkFeatures``,
+    read off agent 0's observation) by one network shared by every landmark; with ``head``,
+    plus the per-landmark logits of :func:`network` over the observation (``ManagerPolicy``
+    with option features)."""
+
+    def __init__(self, seed: int, head: bool) -> None:
+        super().__init__()
+        self.head = network(18, seed) if head else None
+        torch.manual_seed(seed + 1)
+        self.scorer = nn.Sequential(nn.Linear(AGENTS + 2, 128), nn.LayerNorm(128), nn.Tanh(), nn.Linear(128, 128),
+                                    nn.LayerNorm(128), nn.Tanh(), nn.Linear(128, 1))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        marks = obs[:, 4:4 + 2 * AGENTS].reshape(-1, AGENTS, 2)
+        others = obs[:, 4 + 2 * AGENTS:4 * AGENTS + 2].reshape(-1, AGENTS - 1, 2)
+        theirs = (others[:, None] - marks[:, :, None]).norm(dim=-1).sort(-1).values  # [n, landmark, other]
+        logits = self.scorer(torch.cat([marks, marks.norm(dim=-1, keepdim=True), theirs], -1)).squeeze(-1)
+        return logits if self.head is None else logits + self.head(obs)
+
+
 def judge(policy: nn.Module, held_out: tuple[Tensor, Tensor]) -> dict[str, float]:
     obs, reward = held_out
     with torch.no_grad():
@@ -85,9 +111,9 @@ def clone(rng: np.random.Generator, n: int, held_out: tuple[Tensor, Tensor], see
 
 
 def policy_gradient(rng: np.random.Generator, per_update: int, checkpoints: list[int], held_out: tuple[Tensor, Tensor],
-                    seed: int, lr: float) -> dict[int, dict[str, float]]:
-    """Judged after each of ``checkpoints`` layouts."""
-    policy = network(held_out[0].shape[1], seed)
+                    seed: int, lr: float, policy: nn.Module | None = None) -> dict[int, dict[str, float]]:
+    """Judged after each of ``checkpoints`` layouts; ``policy``: the network (default :func:`network`)."""
+    policy = policy if policy is not None else network(held_out[0].shape[1], seed)
     opt = torch.optim.Adam(policy.parameters(), lr)
     curve, seen = {}, 0
     while seen < checkpoints[-1]:
@@ -133,6 +159,9 @@ def main() -> None:
     for per in (2, 16):
         out[f"policy_gradient_{per}_layouts_an_update"] = policy_gradient(rng, per, checkpoints, held_out, args.seed,
                                                                           args.lr)
+    for name, head in (("option_scorer", False), ("head_and_option_scorer", True)):
+        out[f"policy_gradient_2_layouts_an_update_{name}"] = policy_gradient(
+            rng, 2, checkpoints, held_out, args.seed, args.lr, OptionScorer(args.seed, head))
     out["wall_seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(out))
 

@@ -223,12 +223,16 @@ def never(ctx: OptionContext) -> bool:
     return False
 
 
-def spread_library(n: int = 3, hold: bool = False, features: bool = False) -> OptionLibrary:
+def spread_library(n: int = 3, hold: bool = False, features: bool = True) -> OptionLibrary:
     """``go_to_0`` … ``go_to_{n-1}`` (exclusive: one agent heads for a landmark at a time)
     and ``stay``. With ``hold``, ``go_to_k`` does not end once its agent is parked on ``k``:
     it holds the landmark until the episode ends (or another agent takes it), so each agent
-    is assigned once, not asked again every step. With ``features``, each ``go_to_k``
-    describes its landmark to the manager (:class:`LandmarkFeatures`).
+    is assigned once, not asked again every step. With ``features`` (the default), each
+    ``go_to_k`` describes its landmark to the manager (:class:`LandmarkFeatures`), whose
+    shared option scorer then learns one rule for every landmark: without them it had to
+    learn which landmark suits which layout option by option, and after 600 iterations
+    played little better than a fixed assignment (``benchmarks/results/README.md``,
+    session 44).
 
     Without ``exclusive`` (session 40) a later agent could head for the landmark an earlier
     one had just taken, and the learner kept doing so on 5-8 % of layouts; a parked agent,

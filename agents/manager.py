@@ -141,7 +141,8 @@ class Featurizer:
                 values = self._option_row(opt, d.observation)
                 if values.shape[0] != size:
                     raise ValueError(f"option {opt.name!r}: features returned {values.shape[0]} values for agent "
-                                     f"{d.agent!r}; expected {size}, the length they had before")
+                                     f"{d.agent!r}; expected {size}, the length read off a sample observation when the "
+                                     "manager was built")
                 if not np.isfinite(values).all():
                     raise ValueError(f"option {opt.name!r}: features returned a value that is not finite for "
                                      f"agent {d.agent!r}: {values.tolist()}")

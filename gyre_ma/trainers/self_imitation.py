@@ -69,9 +69,7 @@ def group_best_sample(rows: B.Batch, *, size: int, generator: torch.Generator,
     total = float(weight.sum())
     if not total > 0.0:
         return None
-    picked = torch.multinomial(weight / total, size, replacement=True, generator=generator)
-    sample = {k: v[picked] for k, v in rows.items() if k not in (B.RETURN, B.GROUP_BEST, B.LOG_PROB)}
-    return sample, total / float(best.sum())
+    return _draw(rows, weight / total, size, generator), total / float(best.sum())
 
 
 def imitation_sample(rows: B.Batch, values: torch.Tensor, *, size: int,
@@ -82,5 +80,12 @@ def imitation_sample(rows: B.Batch, values: torch.Tensor, *, size: int,
     total = float(weight.sum())
     if not total > 0.0:
         return None
-    picked = torch.multinomial(weight / total, size, replacement=True, generator=generator)
-    return {k: v[picked] for k, v in rows.items() if k not in (B.RETURN, B.LOG_PROB)}, total / len(weight)
+    return _draw(rows, weight / total, size, generator), total / len(weight)
+
+
+def _draw(rows: B.Batch, probs: torch.Tensor, size: int, generator: torch.Generator) -> B.Batch:
+    """``size`` rows drawn with probabilities ``probs`` (with replacement), with what an
+    imitation step reads of them (the policy's inputs and the choice; not the return, the
+    group flag or the old log-probability, which only chose them)."""
+    picked = torch.multinomial(probs, size, replacement=True, generator=generator)
+    return {k: v[picked] for k, v in rows.items() if k not in (B.RETURN, B.GROUP_BEST, B.LOG_PROB)}

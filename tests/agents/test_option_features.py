@@ -19,6 +19,7 @@ from gyre_ma.options.decision import Decision
 from gyre_ma.options.errors import UserCodeError
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option
+from tests.agents.test_noise import _Identity
 
 F, K, A, S = 8, 5, 2, 3
 """Manager inputs before the options' features, options, agents, features per option."""
@@ -34,13 +35,6 @@ def states(n: int = 64, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torc
     mask = torch.rand(n, K, generator=g) < 0.6
     mask[:, 0] = True
     return torch.randn(n, F + K * S, generator=g), torch.randint(0, A, (n,), generator=g), mask
-
-
-class _Identity:
-    """Featurizer stand-in: a decision's observation is already its feature vector."""
-
-    def many(self, decisions: list[Decision]) -> np.ndarray:
-        return np.stack([d.observation for d in decisions])
 
 
 def test_one_scorer_serves_every_option_from_its_own_features():

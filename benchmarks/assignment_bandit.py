@@ -21,10 +21,13 @@ same layout — exact rewards, so the group compares the choices themselves), wi
 layouts an update (the benchmark's 8 episodes an iteration in groups of 4) and with 16,
 judged after the same numbers of layouts; and the policy gradient at 2 layouts an update on
 the network the manager has when options describe themselves (``Option.features``, session
-44): each landmark scored from its own features (``LandmarkFeatures``: where it lies, how far,
-how far the other agents are from it, nearest first) by one network shared by the three,
-alone (``option_scorer``) and added to the per-landmark head over the observation, as
-``ManagerPolicy`` adds them (``head_and_option_scorer``). Prints one JSON object.
+44): each landmark scored from its own features by one network shared by the three, alone
+(``option_scorer``) and added to the per-landmark head over the observation, as
+``ManagerPolicy`` adds them (``head_and_option_scorer``); with session 44's features (the
+landmark's column of the distance table: where it lies, how far, how far the other agents
+are from it, nearest first) and, ``..._table``, with today's ``LandmarkFeatures`` (the whole
+table seen from the landmark, session 45). ``--arms`` runs some of the arms. Prints one
+JSON object.
 
     python benchmarks/assignment_bandit.py > benchmarks/results/assignment_bandit.json
 """
@@ -66,24 +69,53 @@ def network(inputs: int, seed: int) -> nn.Module:
                          nn.Tanh(), nn.Linear(128, AGENTS))
 
 
-class OptionScorer(nn.Module):
-    """Each landmark's logit from its own features (``gyre_ma.envs.mpe_tasks.LandmarkFeatures``,
-    read off agent 0's observation) by one network shared by every landmark; with ``head``,
-    plus the per-landmark logits of :func:`network` over the observation (``ManagerPolicy``
-    with option features)."""
+def column_features(obs: Tensor) -> Tensor:
+    """Session 44's ``LandmarkFeatures``, per landmark [n, landmark, 5]: where it lies from
+    agent 0, how far, and how far the other agents are from it, nearest first."""
+    marks = obs[:, 4:4 + 2 * AGENTS].reshape(-1, AGENTS, 2)
+    others = obs[:, 4 + 2 * AGENTS:4 * AGENTS + 2].reshape(-1, AGENTS - 1, 2)
+    theirs = (others[:, None] - marks[:, :, None]).norm(dim=-1).sort(-1).values  # [n, landmark, other]
+    return torch.cat([marks, marks.norm(dim=-1, keepdim=True), theirs], -1)
 
-    def __init__(self, seed: int, head: bool) -> None:
+
+def table_features(obs: Tensor) -> Tensor:
+    """Today's ``LandmarkFeatures`` (``gyre_ma.envs.mpe_tasks``), per landmark [n, landmark,
+    11]: the column above, then how far each other agent (nearest to the landmark first) is
+    from each other landmark (nearest to agent 0 first), then agent 0's distances to those."""
+    n = len(obs)
+    marks = obs[:, 4:4 + 2 * AGENTS].reshape(-1, AGENTS, 2)
+    others = obs[:, 4 + 2 * AGENTS:4 * AGENTS + 2].reshape(-1, AGENTS - 1, 2)
+    theirs = (others[:, :, None] - marks[:, None]).norm(dim=-1)  # [n, other, landmark]
+    mine = marks.norm(dim=-1)  # [n, landmark]
+    per_landmark = []
+    for k in range(AGENTS):
+        rest = torch.tensor([j for j in range(AGENTS) if j != k]).expand(n, -1)
+        rest = rest.gather(1, mine.gather(1, rest).argsort(dim=-1, stable=True))
+        order = theirs[:, :, k].argsort(dim=-1, stable=True)
+        table = theirs.gather(1, order[:, :, None].expand(-1, -1, AGENTS))
+        table = table.gather(2, rest[:, None].expand(-1, AGENTS - 1, -1))  # [n, other by k, landmark by agent 0]
+        per_landmark.append(torch.cat([marks[:, k], mine[:, k:k + 1], theirs[:, :, k].gather(1, order),
+                                       table.reshape(n, -1), mine.gather(1, rest)], -1))
+    return torch.stack(per_landmark, 1)
+
+
+class OptionScorer(nn.Module):
+    """Each landmark's logit from its own features (``features``: :func:`column_features` or
+    :func:`table_features`, read off agent 0's observation) by one network shared by every
+    landmark; with ``head``, plus the per-landmark logits of :func:`network` over the
+    observation (``ManagerPolicy`` with option features)."""
+
+    def __init__(self, seed: int, head: bool, features: Any = column_features) -> None:
         super().__init__()
         self.head = network(18, seed) if head else None
+        self.features = features
+        width = features(torch.zeros(1, 18)).shape[-1]
         torch.manual_seed(seed + 1)
-        self.scorer = nn.Sequential(nn.Linear(AGENTS + 2, 128), nn.LayerNorm(128), nn.Tanh(), nn.Linear(128, 128),
+        self.scorer = nn.Sequential(nn.Linear(width, 128), nn.LayerNorm(128), nn.Tanh(), nn.Linear(128, 128),
                                     nn.LayerNorm(128), nn.Tanh(), nn.Linear(128, 1))
 
     def forward(self, obs: Tensor) -> Tensor:
-        marks = obs[:, 4:4 + 2 * AGENTS].reshape(-1, AGENTS, 2)
-        others = obs[:, 4 + 2 * AGENTS:4 * AGENTS + 2].reshape(-1, AGENTS - 1, 2)
-        theirs = (others[:, None] - marks[:, :, None]).norm(dim=-1).sort(-1).values  # [n, landmark, other]
-        logits = self.scorer(torch.cat([marks, marks.norm(dim=-1, keepdim=True), theirs], -1)).squeeze(-1)
+        logits = self.scorer(self.features(obs)).squeeze(-1)
         return logits if self.head is None else logits + self.head(obs)
 
 
@@ -136,32 +168,46 @@ def policy_gradient(rng: np.random.Generator, per_update: int, checkpoints: list
     return curve
 
 
+SCORERS = {"option_scorer": (False, column_features), "head_and_option_scorer": (True, column_features),
+           "option_scorer_table": (False, table_features), "head_and_option_scorer_table": (True, table_features)}
+"""The option-scorer arms: (with the per-landmark head too, the features)."""
+ARMS = ("cloned", "head_2", "head_16", *SCORERS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layouts", default="1200,2400,6000,12000", help="checkpoints of the policy gradient arms")
     parser.add_argument("--clone", default="500,2000,8000", help="layouts the cloned arms train on")
     parser.add_argument("--lr", type=float, default=3e-4, help="the policy gradient's (the manager's default)")
+    parser.add_argument("--arms", default="all", help=f"comma-separated, of {', '.join(ARMS)}; or all")
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     held_out = layouts(rng, 3000)
     best = held_out[1].max(1).values
+    arms = ARMS if args.arms == "all" else args.arms.split(",")
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown arm(s) {unknown}; expected some of {list(ARMS)} or 'all'")
     out: dict[str, Any] = {
         "benchmark": "assignment_bandit", "seed": args.seed, "held_out_layouts": 3000, "group": GROUP,
         "epochs": EPOCHS, "lr": args.lr,
         "chance": {"oracle_match": round(1 / AGENTS, 3),
                    "regret": round(float((best - held_out[1].mean(1)).mean()), 4)},
-        "cloned": {n: clone(rng, n, held_out, args.seed) for n in map(int, args.clone.split(","))},
     }
+    if "cloned" in arms:
+        out["cloned"] = {n: clone(rng, n, held_out, args.seed) for n in map(int, args.clone.split(","))}
     checkpoints = [int(n) for n in args.layouts.split(",")]
     for per in (2, 16):
-        out[f"policy_gradient_{per}_layouts_an_update"] = policy_gradient(rng, per, checkpoints, held_out, args.seed,
-                                                                          args.lr)
-    for name, head in (("option_scorer", False), ("head_and_option_scorer", True)):
-        out[f"policy_gradient_2_layouts_an_update_{name}"] = policy_gradient(
-            rng, 2, checkpoints, held_out, args.seed, args.lr, OptionScorer(args.seed, head))
+        if f"head_{per}" in arms:
+            out[f"policy_gradient_{per}_layouts_an_update"] = policy_gradient(rng, per, checkpoints, held_out,
+                                                                              args.seed, args.lr)
+    for name, (head, features) in SCORERS.items():
+        if name in arms:
+            out[f"policy_gradient_2_layouts_an_update_{name}"] = policy_gradient(
+                rng, 2, checkpoints, held_out, args.seed, args.lr, OptionScorer(args.seed, head, features))
     out["wall_seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(out))
 

@@ -161,20 +161,25 @@ def test_the_library_dumps_and_loads_back(tmp_path, hold: bool, features: bool) 
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_landmark_features_describe_each_landmark_from_the_deciding_agent(n: int) -> None:
+def test_landmark_features_are_the_distance_table_seen_from_each_landmark(n: int) -> None:
     env = make_spread(n=n)
     observations, _ = env.reset(seed=3)
     world = env.unwrapped.world
+    marks = [landmark.state.p_pos for landmark in world.landmarks]
     for i, agent in enumerate(env.possible_agents):
         me = world.agents[i].state.p_pos
         others = [a.state.p_pos for j, a in enumerate(world.agents) if j != i]
-        for k, landmark in enumerate(world.landmarks):
+        for k in range(n):
             got = LandmarkFeatures(k)(observations[agent])
-            mark = landmark.state.p_pos - me
-            assert got.shape == (n + 2,)
-            np.testing.assert_allclose(got[:2], mark, atol=1e-5)
-            np.testing.assert_allclose(got[2], np.linalg.norm(mark), atol=1e-5)
-            np.testing.assert_allclose(got[3:], sorted(np.linalg.norm(o - landmark.state.p_pos) for o in others),
+            assert got.shape == (3 + (n - 1) + (n - 1) ** 2 + (n - 1),)
+            np.testing.assert_allclose(got[:2], marks[k] - me, atol=1e-5)
+            np.testing.assert_allclose(got[2], np.linalg.norm(marks[k] - me), atol=1e-5)
+            nearest_first = sorted(others, key=lambda o: np.linalg.norm(o - marks[k]))
+            rest = sorted((j for j in range(n) if j != k), key=lambda j: np.linalg.norm(marks[j] - me))
+            np.testing.assert_allclose(got[3:n + 2], [np.linalg.norm(o - marks[k]) for o in nearest_first], atol=1e-5)
+            table = [[np.linalg.norm(o - marks[j]) for j in rest] for o in nearest_first]
+            np.testing.assert_allclose(got[n + 2:n + 2 + (n - 1) ** 2], np.ravel(table), atol=1e-5)
+            np.testing.assert_allclose(got[n + 2 + (n - 1) ** 2:], [np.linalg.norm(marks[j] - me) for j in rest],
                                        atol=1e-5)
 
 
@@ -188,7 +193,7 @@ def test_a_library_with_features_trains_and_resumes_from_its_checkpoint(tmp_path
            "library": "gyre_ma.envs.mpe_tasks:spread_library", "library_kwargs": {"hold": True, "features": True},
            "manager": {"hidden": 16}, "train": {"iterations": 4}}
     whole = Gyre(parse_config(raw))
-    assert whole.featurizer.option_features == 5 and whole.policy.option_features == 5
+    assert whole.featurizer.option_features == 11 and whole.policy.option_features == 11  # n = 3
     before = whole.policy.option_head.weight.clone()
     history = [whole.iteration(i) for i in range(4)]
     assert not torch.equal(before, whole.policy.option_head.weight)  # the scorer learns

@@ -65,6 +65,10 @@ ENVS: dict[str, dict[str, Any]] = {
     "taxi_decoded": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi", "kwargs": {"observation": "decoded"}},
                      "library": "gyre_ma.envs.taxi_tasks:taxi_library",
                      "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
+    # the index with the library's options not describing themselves (as until session 45)
+    "taxi_plain": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi"},
+                   "library": "gyre_ma.envs.taxi_tasks:taxi_library", "library_kwargs": {"features": False},
+                   "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
     # PettingZoo MPE's simple_spread (mpe2): 25-step episodes, so a budget like coverage's:
     # 600 iterations are ~90k env steps
     "mpe_spread": {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},

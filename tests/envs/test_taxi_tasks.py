@@ -134,4 +134,42 @@ def test_the_library_dumps_and_loads_back(tmp_path) -> None:
     loaded = OptionLibrary.load(tmp_path / "taxi.yaml")
     assert loaded.to_spec() == library.to_spec()
     assert [reference(o.policy) for o in loaded] == [reference(o.policy) for o in library]
-    assert all(a.policy is b.policy and a.done is b.done for a, b in zip(loaded, library))  # the module's own objects
+    assert all(a.policy is b.policy and a.done is b.done and a.features is b.features
+               for a, b in zip(loaded, library))  # the module's own objects
+    assert all("features" in o for o in library.to_spec()["options"])
+    assert not any("features" in o for o in taxi_library(features=False).to_spec()["options"])
+
+
+def test_each_option_describes_the_place_it_acts_on() -> None:
+    """``go_to_<stand>``'s features: the steps its option takes to the stand, whether the
+    passenger waits there, whether it is the destination, whether the passenger rides;
+    ``pickup``/``dropoff``'s: the same of the taxi's own cell. The index and the decoded
+    observation give the same numbers."""
+    from gyre_ma.options.option import OptionContext
+
+    library, decoded_env = taxi_library(), make_taxi(observation="decoded")
+    for seed in range(6):
+        env = make_taxi()
+        observations, _ = env.reset(seed=seed)
+        decoded, _ = decoded_env.reset(seed=seed)
+        raw = env.unwrapped
+        row, col, passenger, destination = (int(v) for v in raw.decode(raw.s))
+        for k, stand in enumerate(raw.locs):
+            option = library[f"go_to_{'RGYB'[k]}"]
+            got = option.features(observations["agent_0"])
+            np.testing.assert_array_equal(got, option.features(decoded["agent_0"]))
+            assert got[1:].tolist() == [passenger == k, destination == k, passenger == 4]
+            probe = make_taxi()
+            probe.reset(seed=seed)
+            ctx, steps = OptionContext("agent_0", probe, None, frozenset()), 0
+            while not option.done(ctx):
+                probe.step({"agent_0": option.policy(ctx)})
+                steps += 1
+            assert got[0] == pytest.approx(steps / 8), (seed, k)  # 8: the map's longest shortest path
+        here = [tuple(s) == (row, col) for s in raw.locs]
+        for name in ("pickup", "dropoff"):
+            got = library[name].features(observations["agent_0"])
+            waits = passenger < 4 and here[passenger]
+            assert got.tolist() == [0.0, waits, here[destination], passenger == 4]
+    with pytest.raises(ValueError, match=r"Taxi's state index \(an integer in \[0, 500\)\)"):
+        library["pickup"].features(np.int64(500))

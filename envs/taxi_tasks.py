@@ -14,6 +14,10 @@ as in coverage_v0 but with one agent. A pickup or dropoff at the wrong cell chan
 nothing (Taxi's −10), except that dropping the passenger at a stand that is not the
 destination leaves them there: ``pickup`` restores ``picked_up`` (it is eligible whenever
 the passenger is out of the taxi), so such a mistake costs steps, not the episode.
+
+By default each option also describes the place it acts on (:class:`PlaceFeatures`,
+``Option.features``), so the manager can learn one rule for all 500 states rather than
+each state apart (``taxi_library(features=False)``: without).
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ class LandmarkFeatures:
     the others. With ``k``'s column alone (the first 2 + N numbers; session 44) the learned
     paths were 1.11–1.15× the oracle's held out, greedy, and as a bandit the scorer's first
     choice stopped near 0.70 agreement with the oracle's bottleneck assignment however many
-    layouts it saw; with the table, 1.04–1.07×, and the bandit's agreement keeps rising
+    layouts it saw; with the table, 1.04–1.08×, and the bandit's agreement keeps rising
     with data (0.79 at 12,000 layouts; ``benchmarks/results/README.md``, session 45)."""
 
     def __init__(self, k: int) -> None:

@@ -224,9 +224,10 @@ class PlaceFeatures:
         return np.array([steps / _LONGEST, waits, _LOCS[destination] == place, passenger == 4], dtype=np.float64)
 
 
-for _k, _name in enumerate(STANDS):  # module attributes, so a dumped library's references resolve
-    export(globals(), f"place_{_name}", PlaceFeatures(_k))
-export(globals(), "place_here", PlaceFeatures(None))
+_PLACES = [export(globals(), f"place_{name}", PlaceFeatures(k)) for k, name in enumerate(STANDS)]
+_HERE = export(globals(), "place_here", PlaceFeatures(None))
+"""``go_to_<stand>``'s features, and ``pickup``'s and ``dropoff``'s, module attributes (a
+dumped library's references resolve)."""
 
 
 def pickup(ctx: OptionContext) -> int:
@@ -245,11 +246,10 @@ def taxi_library(features: bool = True) -> OptionLibrary:
     learns each of Taxi's 500 states apart, which took it ~360k env steps to reach paths
     within 1.1× the oracle's (``benchmarks/results/README.md``, sessions 44 and 45)."""
     library = OptionLibrary("taxi", task_graph())
-    for name, (drive, at, away) in zip(STANDS, _STANDS, strict=True):
+    for name, (drive, at, away), place in zip(STANDS, _STANDS, _PLACES, strict=True):
         library.add(Option(f"go_to_{name}", drive, done=at, initiation=away, repeatable=True, max_steps=20,
-                           description=f"drive to stand {name}",
-                           features=globals()[f"place_{name}"] if features else None))
-    here = globals()["place_here"] if features else None
+                           description=f"drive to stand {name}", features=place if features else None))
+    here = _HERE if features else None
     library.add(Option("pickup", pickup, milestone="picked_up", repeatable=True, max_steps=1,
                        description="pick the passenger up (again, if they were set down)", features=here))
     library.add(Option("dropoff", dropoff, milestone="delivered", max_steps=1,

@@ -35,6 +35,31 @@ from typing import Any
 
 import numpy as np
 
+
+def _taxi(observation: str | None = None, **library_kwargs: Any) -> dict[str, Any]:
+    """Gymnasium's Taxi with its library (``taxi_library(**library_kwargs)``) and oracle.
+    A budget, not a setting: 50 default iterations of Taxi are ~45k env steps, 8 episodes
+    of 2 task seeds an iteration, and the first choice of an episode depends on which of
+    300 start states it is; 300 iterations are ~120k steps (session 40: at 50 and 150 the
+    paths were still shortening)."""
+    env: dict[str, Any] = {"id": "gyre_ma.envs.taxi_tasks:make_taxi"}
+    if observation is not None:
+        env["kwargs"] = {"observation": observation}
+    return {"env": env, "library": "gyre_ma.envs.taxi_tasks:taxi_library",
+            **({"library_kwargs": library_kwargs} if library_kwargs else {}),
+            "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300}
+
+
+def _mpe(**library_kwargs: Any) -> dict[str, Any]:
+    """PettingZoo MPE's simple_spread (mpe2) with ``spread_library(**library_kwargs)``, its
+    oracle and the fixed assignment: 25-step episodes, so a budget like coverage's: 600
+    iterations are ~90k env steps."""
+    return {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"}, "library": "gyre_ma.envs.mpe_tasks:spread_library",
+            **({"library_kwargs": library_kwargs} if library_kwargs else {}),
+            "oracle": "gyre_ma.envs.mpe_tasks:SpreadOracle",
+            "references": {"fixed": "gyre_ma.envs.mpe_tasks:FixedAssignment"}, "iterations": 600}
+
+
 ENVS: dict[str, dict[str, Any]] = {
     "obstructed_maze": {"env": {"id": "gyre_ma.envs.minigrid_tasks:make_obstructed_maze"},
                         "library": "gyre_ma.envs.minigrid_tasks:obstructed_maze_library",
@@ -59,40 +84,15 @@ ENVS: dict[str, dict[str, Any]] = {
     # of 2 task seeds an iteration, and the first choice of an episode depends on which of
     # 300 start states it is; 300 iterations are ~120k steps (session 40: at 50 and 150 the
     # paths were still shortening)
-    "taxi": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi"},
-             "library": "gyre_ma.envs.taxi_tasks:taxi_library",
-             "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
-    "taxi_decoded": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi", "kwargs": {"observation": "decoded"}},
-                     "library": "gyre_ma.envs.taxi_tasks:taxi_library",
-                     "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
+    "taxi": _taxi(),
+    "taxi_decoded": _taxi(observation="decoded"),
     # the index with the library's options not describing themselves (as until session 45)
-    "taxi_plain": {"env": {"id": "gyre_ma.envs.taxi_tasks:make_taxi"},
-                   "library": "gyre_ma.envs.taxi_tasks:taxi_library", "library_kwargs": {"features": False},
-                   "oracle": "gyre_ma.envs.taxi_tasks:TaxiOracle", "iterations": 300},
-    # PettingZoo MPE's simple_spread (mpe2): 25-step episodes, so a budget like coverage's:
-    # 600 iterations are ~90k env steps
-    "mpe_spread": {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},
-                   "library": "gyre_ma.envs.mpe_tasks:spread_library",
-                   "oracle": "gyre_ma.envs.mpe_tasks:SpreadOracle",
-                   "references": {"fixed": "gyre_ma.envs.mpe_tasks:FixedAssignment"},
-                   "iterations": 600},
-    "mpe_spread_hold": {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},
-                        "library": "gyre_ma.envs.mpe_tasks:spread_library", "library_kwargs": {"hold": True},
-                        "oracle": "gyre_ma.envs.mpe_tasks:SpreadOracle",
-                        "references": {"fixed": "gyre_ma.envs.mpe_tasks:FixedAssignment"},
-                        "iterations": 600},
+    "taxi_plain": _taxi(features=False),
+    "mpe_spread": _mpe(),
+    "mpe_spread_hold": _mpe(hold=True),
     # the same libraries without the go_to options' features (as until session 44)
-    "mpe_spread_plain": {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},
-                         "library": "gyre_ma.envs.mpe_tasks:spread_library", "library_kwargs": {"features": False},
-                         "oracle": "gyre_ma.envs.mpe_tasks:SpreadOracle",
-                         "references": {"fixed": "gyre_ma.envs.mpe_tasks:FixedAssignment"},
-                         "iterations": 600},
-    "mpe_spread_hold_plain": {"env": {"id": "gyre_ma.envs.mpe_tasks:make_spread"},
-                              "library": "gyre_ma.envs.mpe_tasks:spread_library",
-                              "library_kwargs": {"hold": True, "features": False},
-                              "oracle": "gyre_ma.envs.mpe_tasks:SpreadOracle",
-                              "references": {"fixed": "gyre_ma.envs.mpe_tasks:FixedAssignment"},
-                              "iterations": 600},
+    "mpe_spread_plain": _mpe(features=False),
+    "mpe_spread_hold_plain": _mpe(hold=True, features=False),
     "coverage": {"env": {"id": "coverage_v0"}, "library": None,
                  "oracle": "gyre_ma.envs.coverage.oracle:OracleManager",
                  "references": {"fixed": "gyre_ma.envs.coverage.oracle:FixedAssignment",

@@ -69,19 +69,11 @@ def network(inputs: int, seed: int) -> nn.Module:
                          nn.Tanh(), nn.Linear(128, AGENTS))
 
 
-def column_features(obs: Tensor) -> Tensor:
-    """Session 44's ``LandmarkFeatures``, per landmark [n, landmark, 5]: where it lies from
-    agent 0, how far, and how far the other agents are from it, nearest first."""
-    marks = obs[:, 4:4 + 2 * AGENTS].reshape(-1, AGENTS, 2)
-    others = obs[:, 4 + 2 * AGENTS:4 * AGENTS + 2].reshape(-1, AGENTS - 1, 2)
-    theirs = (others[:, None] - marks[:, :, None]).norm(dim=-1).sort(-1).values  # [n, landmark, other]
-    return torch.cat([marks, marks.norm(dim=-1, keepdim=True), theirs], -1)
-
-
 def table_features(obs: Tensor) -> Tensor:
     """Today's ``LandmarkFeatures`` (``gyre_ma.envs.mpe_tasks``), per landmark [n, landmark,
-    11]: the column above, then how far each other agent (nearest to the landmark first) is
-    from each other landmark (nearest to agent 0 first), then agent 0's distances to those."""
+    11]: where it lies from agent 0, how far, how far the other agents are from it, nearest
+    first (its column of the distance table); then how far each of those agents is from
+    each other landmark (nearest to agent 0 first), then agent 0's distances to those."""
     n = len(obs)
     marks = obs[:, 4:4 + 2 * AGENTS].reshape(-1, AGENTS, 2)
     others = obs[:, 4 + 2 * AGENTS:4 * AGENTS + 2].reshape(-1, AGENTS - 1, 2)
@@ -97,6 +89,13 @@ def table_features(obs: Tensor) -> Tensor:
         per_landmark.append(torch.cat([marks[:, k], mine[:, k:k + 1], theirs[:, :, k].gather(1, order),
                                        table.reshape(n, -1), mine.gather(1, rest)], -1))
     return torch.stack(per_landmark, 1)
+
+
+def column_features(obs: Tensor) -> Tensor:
+    """Session 44's ``LandmarkFeatures``, per landmark [n, landmark, 5]: the table's first
+    numbers (where it lies from agent 0, how far, how far the other agents are from it,
+    nearest first)."""
+    return table_features(obs)[..., :2 + AGENTS]
 
 
 class OptionScorer(nn.Module):

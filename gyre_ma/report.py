@@ -291,13 +291,7 @@ def _plots(spec: ExperimentSpec, runs: list[RunResult], out: Path) -> list[str]:
                 curves.append(c)
             if not curves:
                 continue
-            m = np.array(curves)
-            mid, low, high = np.full(grid.size, np.nan), np.full(grid.size, np.nan), np.full(grid.size, np.nan)
-            for j in range(grid.size):
-                col = m[:, j][~np.isnan(m[:, j])]
-                if col.size * 2 >= len(curves) and col.size:
-                    got = stats.stratified_bootstrap(col, stats.iqm, reps=_CURVE_REPS, seed=j)
-                    mid[j], low[j], high[j] = got.estimate, got.low, got.high
+            mid, low, high = stats.curve_band(np.array(curves), reps=_CURVE_REPS)
             line, = ax.plot(grid, mid, label=f"{variant} ({len(curves)} runs)", color=f"C{i}")
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             drawn = True

@@ -164,6 +164,22 @@ def step_curve(steps: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.nd
     return np.where(at >= 0, v[np.clip(at, 0, None)] if v.size else np.nan, np.nan)
 
 
+def curve_band(curves: np.ndarray, *, reps: int = 300) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The IQM over runs of ``curves`` [runs, points] (each run read at the same points, NaN
+    where it has no value) and its 95 % stratified-bootstrap interval, point by point: NaN
+    wherever fewer than half of the runs have a value. Point ``j`` resamples with seed ``j``."""
+    m = np.asarray(curves, dtype=np.float64)
+    if m.ndim != 2:
+        raise ValueError(f"curves: expected a [runs, points] array, got shape {m.shape}")
+    mid, low, high = (np.full(m.shape[1], np.nan) for _ in range(3))
+    for j in range(m.shape[1]):
+        col = m[:, j][~np.isnan(m[:, j])]
+        if col.size and col.size * 2 >= m.shape[0]:
+            got = stratified_bootstrap(col, iqm, reps=reps, seed=j)
+            mid[j], low[j], high[j] = got.estimate, got.low, got.high
+    return mid, low, high
+
+
 def _check(reps: int, confidence: float) -> None:
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")

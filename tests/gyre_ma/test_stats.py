@@ -94,3 +94,17 @@ def test_bad_scores_are_refused_with_what_was_expected():
         stats.stratified_bootstrap([1.0], stats.mean, reps=0)
     with pytest.raises(ValueError, match="same tasks"):
         stats.probability_of_improvement(np.zeros((2, 1)), np.zeros((2, 2)))
+
+
+def test_curve_band_is_the_iqm_and_its_bootstrap_point_by_point():
+    curves = np.array([[0.0, 0.5, 1.0, np.nan], [0.2, 0.6, 0.9, np.nan], [0.1, np.nan, 0.8, 1.0],
+                       [0.4, 0.7, 1.0, np.nan]])
+    mid, low, high = stats.curve_band(curves, reps=200)
+    for j in range(3):  # the runs with a value there, point j resampled with seed j
+        col = curves[:, j][~np.isnan(curves[:, j])]
+        got = stats.stratified_bootstrap(col, stats.iqm, reps=200, seed=j)
+        assert (mid[j], low[j], high[j]) == (got.estimate, got.low, got.high)
+    assert mid[0] == stats.iqm(curves[:, 0]) == pytest.approx(0.15)  # (0.1 + 0.2) / 2
+    assert np.isnan([mid[3], low[3], high[3]]).all()  # one run of four has a value there: no estimate
+    with pytest.raises(ValueError, match=r"\[runs, points\]"):
+        stats.curve_band(curves[0])

@@ -101,3 +101,29 @@ def test_featurizer_keeps_small_inventory_counts_visible():
     o[health] = 3
     got = f(Decision(a, 0, o, library.mask(frozenset()), frozenset(), -1, 0.0, env))[health]
     assert got == np.float32(3 / env.config.max_vital)
+
+
+def test_a_shared_managers_input_shows_the_options_the_other_agents_run():
+    """Coordination (#17): the manager deciding for one agent sees which options the others
+    run or just chose (``Decision.others``), one slot per option, each other agent weighing
+    1 / (agents - 1); its logits move with them. A featurizer for one agent has no slots."""
+    env, library = make_env(), make_library()
+    space = env.observation_space(env.possible_agents[0])
+    f = Featurizer(space, library, n_agents=3)
+    assert f.dim == Featurizer(space, library).dim + len(library)
+    d = decision(env, library)
+    alone = f(d)
+    one, two = (f(Decision(d.agent, 0, d.observation, d.mask, d.achieved, d.last_option, d.time_fraction, env,
+                           others)) for others in ((2,), (2, 0)))
+    slots = slice(f.time_column - len(library), f.time_column)
+    assert not alone[slots].any()
+    assert list(one[slots]) == [0.0, 0.0, 0.5] + [0.0] * (len(library) - 3)
+    assert list(two[slots]) == [0.5, 0.0, 0.5] + [0.0] * (len(library) - 3)
+    rest = np.ones(f.dim, dtype=bool)
+    rest[slots] = False
+    assert np.array_equal(alone[rest], two[rest])  # nothing else moves
+    torch.manual_seed(0)
+    policy = ManagerPolicy(f.dim, len(library), 3, hidden=16)
+    logits = policy(torch.from_numpy(np.stack([alone, two])), torch.zeros(2, dtype=torch.long),
+                    torch.ones(2, len(library), dtype=torch.bool))
+    assert not torch.allclose(logits[0], logits[1])

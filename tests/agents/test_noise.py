@@ -359,12 +359,19 @@ def test_a_greedy_manager_does_not_repeat_an_option_that_verified_nothing():
     library = make_library()
     library.add(Option("wait", lambda ctx: 6, done=lambda ctx: ctx.steps >= 1, max_steps=1))
     featurizer = Featurizer(env.observation_space(env.possible_agents[0]), library)
+    torch.manual_seed(0)  # the weights below the forced bias: not whatever the tests before left
     policy = ManagerPolicy(featurizer.dim, len(library), 1)
     with torch.no_grad():
         policy.head.bias[library.index("wait")] = 20.0
     traj = run_episode(env, library, NoisyManager(policy, featurizer, greedy=True, seed=0), seed=0)
+    assert traj.success
+    tried: list[str] = []  # the options called since the last verified milestone
+    for call in traj.calls:
+        name = library[call.option].name
+        assert name not in tried, f"{name!r} chosen again before a milestone: {tried}"
+        tried = [] if call.milestones else [*tried, name]
     waits = sum(library[c.option].name == "wait" for c in traj.calls)
-    assert traj.success and waits == len(traj.calls) - waits, (waits, len(traj.calls))  # one wait per new state
+    assert waits == len(traj.milestone_steps)  # the argmax, once in each state until the goal
 
 
 def test_a_greedy_manager_retries_a_failed_job_after_a_call_that_did_its_work():

@@ -111,6 +111,7 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path, capsys):
     assert len(metrics) == 2 and {"success_rate", "env_steps", "policy_loss"} <= set(metrics.columns)
     assert any((run_dir / "tensorboard").iterdir())
     assert "summary" in out.stdout and "success_rate" in out.stdout
+    assert "checkpoint/rollbacks" in out.stdout and "checkpoint/lr_scale" in out.stdout  # #17: never silent
     ckpt = run_dir / "checkpoints" / "final.pt"
     # 16 episodes are too few to judge (checkpoints.min_validation_episodes): no best yet
     assert {"latest.pt", "final.pt"} <= {p.name for p in (run_dir / "checkpoints").iterdir()}
@@ -126,6 +127,8 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path, capsys):
     assert 0.0 <= result["success_rate"] <= 1.0 and result["episode_length"] > 0
     assert result["success_ci95_low"] <= result["success_rate"] <= result["success_ci95_high"]
     assert "steps to the goal" in out.stdout and "calls_to_goal" in result
+    assert "agents lost per episode" in out.stdout and "episodes cut at a dead end" in out.stdout
+    assert {"agents_lost", "dead_ends"} <= set(result)
 
     def cli(*argv: str) -> tuple[int, str]:
         capsys.readouterr()

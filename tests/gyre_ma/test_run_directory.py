@@ -78,3 +78,23 @@ def test_a_run_killed_after_its_last_iteration_but_before_final_pt_finishes_on_r
     final.unlink()  # as if killed between the last latest slot and final.pt
     assert train(tmp_path, "--resume", "--iterations", "1") == 0
     assert final.is_file()
+
+
+def test_eval_of_a_run_directory_takes_its_best_policy_before_its_final_one(tmp_path, capsys):
+    """#17: a ``--resume`` overwrote ``final.pt`` while ``best.pt`` held a better policy; the
+    run's best is what ``gyre-ma eval RUN_DIR`` evaluates, then its final, then its latest."""
+    import argparse
+
+    from gyre_ma.cli import _eval_target
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for slot in ("latest.pt", "final.pt", "best.pt"):
+        (folder / slot).write_bytes(b"x")
+    picked = []
+    for gone in ("best.pt", "final.pt"):
+        picked.append(_eval_target(argparse.Namespace(checkpoint=str(tmp_path / "run"), config=None))[0].name)
+        (folder / gone).unlink()
+    picked.append(_eval_target(argparse.Namespace(checkpoint=str(tmp_path / "run"), config=None))[0].name)
+    assert picked == ["best.pt", "final.pt", "latest.pt"]
+    assert f"evaluating {folder / 'best.pt'}" in capsys.readouterr().out

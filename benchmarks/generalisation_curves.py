@@ -66,7 +66,9 @@ def curves(env: dict[str, Any], grid: np.ndarray) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
-def summary(name: str, env: dict[str, Any], points: int) -> dict[str, Any]:
+def summary(env: dict[str, Any], points: int) -> tuple[dict[str, Any], np.ndarray, dict[str, tuple]]:
+    """One env's printed summary, and its curves for the figure: the env-step points and,
+    per curve, its (IQM, low, high) there."""
     runs = env["runs"]
     ends = [run["curve"][-1]["env_steps"] for run in runs.values()]
     grid = np.linspace(0.0, max(ends), points)
@@ -98,8 +100,7 @@ def summary(name: str, env: dict[str, Any], points: int) -> dict[str, Any]:
                                  "length_ratio": [round(run[mode]["mean_length"] / oracle["mean_length"], 3)
                                                   for run in runs.values()]}
                           for mode in ("sampled", "greedy")},
-        "_grid": grid, "_bands": bands,
-    }
+    }, grid, bands
 
 
 def _interval(values: list[float]) -> list[float | None]:
@@ -107,7 +108,7 @@ def _interval(values: list[float]) -> list[float | None]:
     return [None if math.isinf(x) else round(x) for x in (got.estimate, got.low, got.high)]
 
 
-def plot(summaries: dict[str, dict[str, Any]], path: str) -> None:
+def plot(summaries: dict[str, tuple[dict[str, Any], np.ndarray, dict[str, tuple]]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,19 +118,19 @@ def plot(summaries: dict[str, dict[str, Any]], path: str) -> None:
     names = list(summaries)
     fig, axes = plt.subplots(2, len(names), figsize=(3.6 * len(names), 5.6), squeeze=False, sharex="col")
     for col, name in enumerate(names):
-        s = summaries[name]
+        s, grid, bands = summaries[name]
         top, bottom = axes[0][col], axes[1][col]
         for key, label, color in (("sampled_success", "sampled", "C0"), ("greedy_success", "greedy", "C1")):
-            mid, low, high = s["_bands"][key]
-            top.plot(s["_grid"], mid, color=color, label=label)
-            top.fill_between(s["_grid"], low, high, color=color, alpha=0.2, linewidth=0)
+            mid, low, high = bands[key]
+            top.plot(grid, mid, color=color, label=label)
+            top.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
         top.axhline(s["oracle"]["success"], color="black", lw=0.8, label="oracle")
         top.axhline(s["random"]["success"], color="grey", lw=0.8, ls=":", label="random order")
         top.set_title(f"{name} ({s['runs']} runs)", fontsize=9)
         top.set_ylim(-0.05, 1.05)
-        mid, low, high = s["_bands"]["length_ratio"]
-        bottom.plot(s["_grid"], mid, color="C2", label="training episodes")
-        bottom.fill_between(s["_grid"], low, high, color="C2", alpha=0.2, linewidth=0)
+        mid, low, high = bands["length_ratio"]
+        bottom.plot(grid, mid, color="C2", label="training episodes")
+        bottom.fill_between(grid, low, high, color="C2", alpha=0.2, linewidth=0)
         bottom.axhline(1.2, color="black", lw=0.8, ls="--", label="target (sampled)")
         bottom.axhline(s["random"]["length_ratio"], color="grey", lw=0.8, ls=":", label="random order")
         bottom.set_xlabel("env steps")
@@ -151,12 +152,11 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=60, help="env-step points per curve (the figure's)")
     parser.add_argument("--png", default=None, help="draw the curves here, one column per env")
     args = parser.parse_args()
-    summaries = {name: summary(name, env, args.points) for name, env in pooled(args.files).items()}
+    summaries = {name: summary(env, args.points) for name, env in pooled(args.files).items()}
     if args.png:
         plot(summaries, args.png)
     print(json.dumps({"benchmark": "generalisation_curves", "fractions": FRACTIONS, "png": args.png,
-                      "envs": {n: {k: v for k, v in s.items() if not k.startswith("_")}
-                               for n, s in summaries.items()}}))
+                      "envs": {name: s for name, (s, _, _) in summaries.items()}}))
 
 
 if __name__ == "__main__":

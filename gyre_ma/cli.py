@@ -394,6 +394,9 @@ def _eval_target(args: argparse.Namespace) -> tuple[Path, Any]:
             raise UsageError(f"{str(target)!r} holds no checkpoint ({', '.join(_EVAL_SLOTS)} in "
                              f"{str(folder)!r}); pass a checkpoint file written by gyre-ma train")
         console.print(f"evaluating {found}", markup=False, soft_wrap=True)
+        if found.name == "best.pt" and (folder / "final.pt").is_file():  # judged on few episodes: it may trail
+            console.print(f"  (the run's best validation; the policy it ended with: {folder / 'final.pt'})",
+                          markup=False, soft_wrap=True)
         target = found
     elif not target.exists():
         raise UsageError(f"checkpoint {str(target)!r} does not exist; pass a checkpoint file, a run directory "

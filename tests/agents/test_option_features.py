@@ -56,6 +56,25 @@ def test_one_scorer_serves_every_option_from_its_own_features():
     assert not torch.allclose(logits[:, 1], logits[:, 3])
 
 
+def test_the_scorer_runs_on_eligible_options_alone_and_gives_what_scoring_all_would():
+    """The learner's batches score only the eligible options (the rest are masked): the
+    scorer sees one row per eligible option, and the logits are those of scoring every
+    option, to float round-off."""
+    pol = policy()
+    x, agent, mask = states()
+    rows = []
+    hook = pol.option_body.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    logits = pol(x, agent, mask)
+    hook.remove()
+    assert rows == [int(mask.sum())] and rows[0] < mask.numel()
+    with torch.no_grad():
+        own = x[:, F:].reshape(len(x), K, S)
+        every = pol.head(pol.body(torch.cat([x, pol.agent_embedding(agent)], -1)))
+        every = every + pol.option_head(pol.option_body(own)).squeeze(-1)
+    assert torch.allclose(logits[mask], every[mask], atol=1e-6)
+    assert (logits[~mask] == torch.finfo(logits.dtype).min).all()
+
+
 def test_without_option_features_the_policy_has_no_scorer():
     pol = ManagerPolicy(F, K, A, hidden=16)
     assert not any(name.startswith("option_") for name, _ in pol.named_parameters())

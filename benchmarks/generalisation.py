@@ -80,11 +80,7 @@ ENVS: dict[str, dict[str, Any]] = {
                 "oracle": "gyre_ma.envs.pursuit_tasks:PursuitOracle",
                 "references": {"independent": "gyre_ma.envs.pursuit_tasks:IndependentChase",
                                "follow": "gyre_ma.envs.pursuit_tasks:MutualFollow"}},
-    # a budget, not a setting: 50 default iterations of Taxi are ~45k env steps, 8 episodes
-    # of 2 task seeds an iteration, and the first choice of an episode depends on which of
-    # 300 start states it is; 300 iterations are ~120k steps (session 40: at 50 and 150 the
-    # paths were still shortening)
-    "taxi": _taxi(),
+    "taxi": _taxi(),  # its budget: _taxi's docstring
     "taxi_decoded": _taxi(observation="decoded"),
     # the index with the library's options not describing themselves (as until session 45)
     "taxi_plain": _taxi(features=False),

@@ -59,11 +59,15 @@ def curves(env: dict[str, Any], grid: np.ndarray) -> dict[str, np.ndarray]:
         steps = np.array([p["env_steps"] for p in run["curve"]], dtype=np.float64)
         for key, metric, scale in (("sampled_success", SAMPLED, 1.0), ("greedy_success", GREEDY, 1.0),
                                    ("length_ratio", "episode_length", oracle)):
-            values = np.array([math.nan if p.get(metric) is None else p[metric] for p in run["curve"]])
-            read = stats.step_curve(steps, values / scale, grid)
+            read = stats.step_curve(steps, _values(run, metric) / scale, grid)
             read[grid > steps[-1]] = np.nan  # not beyond the run's own end
             out[key].append(read)
     return {k: np.array(v) for k, v in out.items()}
+
+
+def _values(run: dict[str, Any], metric: str) -> np.ndarray:
+    """``metric`` at each point of ``run``'s curve, NaN where it was not measured."""
+    return np.array([math.nan if p.get(metric) is None else p[metric] for p in run["curve"]], dtype=np.float64)
 
 
 def summary(env: dict[str, Any], points: int) -> tuple[dict[str, Any], np.ndarray, dict[str, tuple]]:
@@ -74,18 +78,17 @@ def summary(env: dict[str, Any], points: int) -> tuple[dict[str, Any], np.ndarra
     grid = np.linspace(0.0, max(ends), points)
     read = curves(env, grid)
     bands = {k: stats.curve_band(v) for k, v in read.items()}
+    points_at = np.array(FRACTIONS) * min(ends)
+    read_at = curves(env, points_at)
     at = []
-    for fraction in FRACTIONS:
-        steps = fraction * min(ends)
-        one = curves(env, np.array([steps]))
-        row: dict[str, Any] = {"env_steps": round(steps)}
-        for key, m in one.items():
-            mid, low, high = stats.curve_band(m)
+    for i, steps in enumerate(points_at):  # each point its own band (seed 0), as if read alone
+        row: dict[str, Any] = {"env_steps": round(float(steps))}
+        for key, m in read_at.items():
+            mid, low, high = stats.curve_band(m[:, i:i + 1])
             row[key] = [round(float(x), 3) for x in (mid[0], low[0], high[0])]
         at.append(row)
-    reached = [stats.steps_to_threshold([p["env_steps"] for p in run["curve"]],
-                                        [math.nan if p.get(SAMPLED) is None else p[SAMPLED] for p in run["curve"]],
-                                        0.9) for run in runs.values()]
+    reached = [stats.steps_to_threshold([p["env_steps"] for p in run["curve"]], _values(run, SAMPLED), 0.9)
+               for run in runs.values()]
     oracle = env["reference"]["oracle"]
     return {
         "files": env["files"], "run_seeds": sorted(runs), "runs": len(runs),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -130,45 +131,56 @@ class TransformersEngine:
         prompt ends in the same column) followed by its candidates back to back (right-padded).
         A candidate's tokens attend to their prompt and to their own earlier tokens, and their
         positions go on from the prompt's end, so each is scored exactly as if it alone followed
-        the prompt; the prompt is computed once, and no KV cache is copied per candidate."""
-        dev = self.device
-        width = max(map(len, heads))
-        ids = torch.tensor([[self.pad] * (width - len(h)) + h for h in heads], device=dev)
-        prompt = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in heads], device=dev, dtype=torch.bool)
+        the prompt; the prompt is computed once, and no KV cache is copied per candidate. The
+        index arithmetic runs in NumPy: on arrays this small a NumPy op costs a fraction of a
+        torch op's dispatch, and a batched call makes a few dozen of them."""
+        n, counts = len(heads), [len(ts) for ts in tails]
+        flat = [tail for ts in tails for tail in ts]
+        pad_width = -np.fromiter(map(len, heads), np.int64, n)  # then + width: each row's left padding
+        width = -int(pad_width.min())
+        pad_width += width
         # Per candidate token: its candidate, row, offset in its candidate and in its row's candidates.
-        lengths = torch.tensor([len(t) for ts in tails for t in ts], device=dev)
-        cand_row = torch.repeat_interleave(torch.arange(len(tails), device=dev),
-                                           torch.tensor([len(ts) for ts in tails], device=dev))
-        owner = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lengths)
+        lengths = np.fromiter(map(len, flat), np.int64, len(flat))
+        cand_row = np.repeat(np.arange(n), counts)
+        owner = np.repeat(np.arange(len(flat)), lengths)
         row = cand_row[owner]
-        token = torch.arange(len(owner), device=dev)
-        in_cand = token - (lengths.cumsum(0) - lengths)[owner]
-        row_tokens = torch.zeros(len(tails), dtype=torch.long, device=dev).index_add_(0, cand_row, lengths)
-        in_row = token - (row_tokens.cumsum(0) - row_tokens)[row]
+        token = np.arange(len(owner))
+        in_cand = token - (lengths.cumsum() - lengths)[owner]
+        row_tokens = np.bincount(cand_row, weights=lengths, minlength=n).astype(np.int64)
+        in_row = token - (row_tokens.cumsum() - row_tokens)[row]
         span = int(row_tokens.max())
         column = width + in_row
 
-        ids = torch.cat([ids, torch.full((len(tails), span), self.pad, device=dev)], 1)
-        ids[row, column] = torch.tensor([t for ts in tails for tail in ts for t in tail], device=dev)
-        segment = torch.cat([prompt.long() - 1, torch.full((len(tails), span), -1, device=dev)], 1)
-        segment[row, column] = owner + 1  # -1 padding, 0 the prompt, else which candidate
-        positions = torch.cat([(prompt.cumsum(-1) - 1).clamp(min=0), torch.zeros(len(tails), span, device=dev,
-                                                                                   dtype=torch.long)], 1)
-        positions[row, column] = prompt.sum(-1)[row] + in_cand
+        ids = np.full((n, width + span), self.pad, np.int64)
+        for i, (head, pad) in enumerate(zip(heads, pad_width.tolist())):
+            ids[i, pad:width] = head
+        ids[row, column] = np.fromiter(chain.from_iterable(flat), np.int64, len(owner))
+        before = np.arange(width) - pad_width[:, None]  # a prompt column's position; negative: padding
+        segment = np.full((n, width + span), -1, np.int64)  # -1 padding, 0 the prompt, else which candidate
+        segment[:, :width][before >= 0] = 0
+        segment[row, column] = owner + 1
+        positions = np.zeros((n, width + span), np.int64)
+        positions[:, :width] = np.maximum(before, 0)
+        positions[row, column] = (width - pad_width)[row] + in_cand
         query, key = segment[:, None, :, None], segment[:, None, None, :]
-        order = torch.arange(width + span, device=dev)
+        order = np.arange(width + span)
         sees = (order[None, :] <= order[:, None]) & (key >= 0) & ((key == 0) | (key == query))
-        sees |= torch.eye(width + span, dtype=torch.bool, device=dev)  # padding sees itself: no empty mask row
-        dtype = self.model.dtype
-        mask = torch.zeros(sees.shape, dtype=dtype, device=dev).masked_fill_(~sees, torch.finfo(dtype).min)
+        sees |= np.eye(width + span, dtype=bool)  # padding sees itself: no empty mask row
 
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+        dev, dtype = self.device, self.model.dtype
+        hidden = torch.from_numpy(~sees).to(dev)
+        mask = torch.zeros(hidden.shape, dtype=dtype, device=dev).masked_fill_(hidden, torch.finfo(dtype).min)
+        logits = self.model(input_ids=torch.from_numpy(ids).to(dev), attention_mask=mask,
+                            position_ids=torch.from_numpy(positions).to(dev), use_cache=False,
                             **({"logits_to_keep": span + 1} if self._keeps_logits else {})).logits
-        logits = logits[:, -(span + 1):].float()  # kept column k predicts the token in column width + k
-        source = torch.where(in_cand > 0, in_row, 0)  # a candidate's first token: the prompt's last column
-        picked = logits[row, source, ids[row, column]] - torch.logsumexp(logits, -1)[row, source]
-        total = torch.zeros(len(lengths), dtype=torch.float64, device=dev).index_add_(0, owner, picked.double())
-        return per_prompt(total.cpu().numpy(), [len(ts) for ts in tails])
+        # Kept column k predicts the token in column width + k; a candidate's first token is
+        # predicted by the prompt's last column.
+        source = np.where(in_cand > 0, in_row, 0)
+        rows = logits[:, -(span + 1):][torch.from_numpy(row).to(dev), torch.from_numpy(source).to(dev)].float()
+        tokens = torch.from_numpy(ids[row, column]).to(dev)
+        picked = rows.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(rows, -1)
+        total = np.bincount(owner, weights=picked.double().cpu().numpy(), minlength=len(flat))
+        return per_prompt(total, counts)
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()

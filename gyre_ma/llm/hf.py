@@ -218,11 +218,25 @@ def _cut(text: str, stop: Sequence[str]) -> str:
 
 
 class _StopAt(StoppingCriteria):
-    """A ``generate`` stopping criterion: a row is done once its new text holds a stop string."""
+    """A ``generate`` stopping criterion: a row is done once its new text holds a stop string.
+
+    ``generate`` asks after every token, and a row it has marked done stays done, so a stop
+    string is looked for where it can first appear: ending in the newest token. Only each
+    row's last :attr:`window` new tokens are decoded, not its whole new text (which made the
+    check grow with every token: +27 % on 32 greedy tokens at batch 16, session 47). A stop
+    string of n characters ending in the newest token spans at most its last n tokens, since
+    a token decodes to a character or more; :attr:`MARGIN` more cover the tokens that decode
+    to nothing (special tokens) or change how the one before them decodes (a character
+    split over byte-level tokens)."""
+
+    MARGIN = 8
 
     def __init__(self, tokenizer: Any, stop: Sequence[str], prompt_width: int) -> None:
         self.tokenizer, self.stop, self.width = tokenizer, list(stop), prompt_width
+        self.window = max(map(len, self.stop)) + self.MARGIN
+        """New tokens decoded per row and step."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(input_ids[:, self.width:], skip_special_tokens=True)
+        start = max(self.width, input_ids.shape[1] - self.window)
+        texts = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
         return torch.tensor([any(s in t for s in self.stop) for t in texts], device=input_ids.device)

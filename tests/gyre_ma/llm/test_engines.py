@@ -169,16 +169,53 @@ def test_vllm_scores_like_transformers(model_dir, engine):
     assert vllm_engine.generate(["go"], max_new_tokens=4) == engine.generate(["go"], max_new_tokens=4)
 
 
-def _byte_level_bpe():
+def _byte_level_bpe(extra: tuple[str, ...] = ()):
     """A GPT-2-style byte-level BPE tokenizer trained here on a few sentences (merges that
-    join word pieces, spaces attached to the word after them)."""
+    join word pieces, spaces attached to the word after them), and on ``extra``."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
     core = ByteLevelBPETokenizer()
-    core.train_from_iterator([" ".join(TEXTS)] * 20 + ["gogo northward doors opened looking"] * 5, vocab_size=300,
-                             min_frequency=1, special_tokens=["<|endoftext|>"])
+    core.train_from_iterator([" ".join(TEXTS)] * 20 + ["gogo northward doors opened looking"] * 5 + list(extra),
+                             vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
     return PreTrainedTokenizerFast(tokenizer_object=core._tokenizer, eos_token="<|endoftext|>")
+
+
+@pytest.mark.parametrize("kind", ["word_level", "byte_level_bpe"])
+def test_the_stop_check_decodes_a_window_and_stops_where_the_whole_text_would(model_dir, kind):
+    """Generation's stop check decodes each row's last few new tokens, not its whole new
+    text. Token by token, over random sequences, it must fire first at the same step as a
+    check of the whole text, for stop strings taken from the text (so they do occur), with a
+    byte-level BPE whose tokens split multi-byte characters and with special tokens, which
+    decode to nothing, mixed in."""
+    from transformers import AutoTokenizer
+
+    from gyre_ma.llm.hf import _StopAt
+
+    tokenizer = (AutoTokenizer.from_pretrained(model_dir) if kind == "word_level"
+                 else _byte_level_bpe(extra=("café → déjà vu 日本語 ✓✓ naïve",) * 5))
+    rng = np.random.default_rng(0)
+    width, fired = 3, 0
+    for _ in range(60):
+        tokens = rng.integers(0, len(tokenizer), size=width + 40)
+        text = tokenizer.decode(tokens[width:], skip_special_tokens=True)
+        if len(text) < 8:
+            continue
+        at = int(rng.integers(0, len(text) - 6))
+        stop = [text[at:at + int(rng.integers(1, 7))]]
+        windowed = _StopAt(tokenizer, stop, width)
+        whole = [None, None]
+        for name, check in (("window", windowed), ("whole", None)):
+            for end in range(width + 1, len(tokens) + 1):
+                ids = torch.tensor(tokens[None, :end])
+                done = (check(ids, None)[0] if check is not None
+                        else any(s in tokenizer.decode(tokens[width:end], skip_special_tokens=True) for s in stop))
+                if done:
+                    whole[name == "whole"] = end
+                    break
+        assert whole[0] == whole[1], (stop, tokens.tolist())
+        fired += whole[1] is not None
+    assert fired > 40
 
 
 @pytest.mark.parametrize("kind", ["word_level", "byte_level_bpe"])

@@ -136,9 +136,9 @@ class TransformersEngine:
         torch op's dispatch, and a batched call makes a few dozen of them."""
         n, counts = len(heads), [len(ts) for ts in tails]
         flat = [tail for ts in tails for tail in ts]
-        pad_width = -np.fromiter(map(len, heads), np.int64, n)  # then + width: each row's left padding
-        width = -int(pad_width.min())
-        pad_width += width
+        head_len = np.fromiter(map(len, heads), np.int64, n)
+        width = int(head_len.max())
+        pad_width = width - head_len  # each row's left padding
         # Per candidate token: its candidate, row, offset in its candidate and in its row's candidates.
         lengths = np.fromiter(map(len, flat), np.int64, len(flat))
         cand_row = np.repeat(np.arange(n), counts)
@@ -161,15 +161,15 @@ class TransformersEngine:
         segment[row, column] = owner + 1
         positions = np.zeros((n, width + span), np.int64)
         positions[:, :width] = np.maximum(before, 0)
-        positions[row, column] = (width - pad_width)[row] + in_cand
+        positions[row, column] = head_len[row] + in_cand
         query, key = segment[:, None, :, None], segment[:, None, None, :]
         order = np.arange(width + span)
         sees = (order[None, :] <= order[:, None]) & (key >= 0) & ((key == 0) | (key == query))
         sees |= np.eye(width + span, dtype=bool)  # padding sees itself: no empty mask row
 
         dev, dtype = self.device, self.model.dtype
-        hidden = torch.from_numpy(~sees).to(dev)
-        mask = torch.zeros(hidden.shape, dtype=dtype, device=dev).masked_fill_(hidden, torch.finfo(dtype).min)
+        blocked = torch.from_numpy(~sees).to(dev)
+        mask = torch.zeros(blocked.shape, dtype=dtype, device=dev).masked_fill_(blocked, torch.finfo(dtype).min)
         logits = self.model(input_ids=torch.from_numpy(ids).to(dev), attention_mask=mask,
                             position_ids=torch.from_numpy(positions).to(dev), use_cache=False,
                             **({"logits_to_keep": span + 1} if self._keeps_logits else {})).logits

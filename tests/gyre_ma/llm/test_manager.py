@@ -81,6 +81,42 @@ def test_an_options_logit_is_the_log_probability_of_its_name_and_ineligible_ones
         assert probs[~torch.from_numpy(d.mask)].eq(0).all() and float(probs.sum()) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("single", [True, False], ids=["one pass per prompt", "one row per eligible option"])
+def test_prompts_grouped_by_length_score_and_train_as_one_padded_pass(tmp_path, single):
+    """A batch's prompts run in groups of similar length, each cut to its own longest, not
+    padded to the batch's longest: the logits and the gradients are those of one padded
+    pass, to float round-off, for prompts of many lengths."""
+    import copy
+
+    names = ["left", "right", "wait", "look", "take"]
+    policy, _ = _policy(tmp_path, names)
+    policy.single = single
+    rng = np.random.default_rng(0)
+    decisions = []
+    for _ in range(40):
+        mask = rng.random(len(names)) < 0.6
+        mask[int(rng.integers(len(names)))] = True
+        others = tuple(int(k) for k in rng.choice(len(names), size=int(rng.integers(0, 3))))
+        decisions.append(_decision(mask, achieved=("a",) * int(rng.integers(0, 2)), others=others,
+                                   last=int(rng.integers(-1, len(names)))))
+    prompt, lengths = policy.encode([policy.text(d) for d in decisions])
+    assert int(lengths.max()) - int(lengths.min()) >= 10
+    mask = torch.tensor(np.stack([d.mask for d in decisions]))
+    one_pass = copy.deepcopy(policy)
+    one_pass.BUCKETS = 1
+    out = []
+    for p in (policy, one_pass):
+        logits = p(prompt, lengths, mask)
+        logits[mask].square().sum().backward()
+        out.append((logits.detach(), [q.grad for q in p.parameters() if q.grad is not None]))
+    (grouped, grads), (padded, padded_grads) = out
+    assert torch.equal(grouped[~mask], padded[~mask])
+    torch.testing.assert_close(grouped[mask], padded[mask], rtol=1e-5, atol=1e-5)
+    assert len(grads) == len(padded_grads) > 0
+    for g, h in zip(grads, padded_grads, strict=True):
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-5 * float(h.abs().max()))
+
+
 def test_the_actor_samples_per_episode_and_greedy_takes_the_most_likely_untried(tmp_path):
     policy, _ = _policy(tmp_path, ["left", "right", "wait"])
     featurizer = Featurizer(gym.spaces.Box(0.0, 1.0, (2,)), _library(["left", "right", "wait"]), 2)

@@ -270,9 +270,10 @@ class LLMActor(PolicyActor):
     """The LLM manager of many episodes at once: each round one batched forward pass of the
     model over every slot's prompt, and one of the critic; sampling, greedy memory and
     values as :class:`~gyre_ma.agents.noise.PolicyActor` (whose choice code it shares).
-    Rows are right-padded to the round's longest prompt, so a row's float round-off may
-    depend on the round; for a given (seed, ``num_envs``) the rounds, and so the
-    results, are the same run to run."""
+    Rows are right-padded to the longest prompt of their group of similar length
+    (:meth:`LLMManagerPolicy._hidden_at`), so a row's float round-off may depend on the
+    round; for a given (seed, ``num_envs``) the rounds, and so the results, are the same
+    run to run."""
 
     def __init__(self, policy: LLMManagerPolicy, featurizer: Featurizer, *, critic: Critic | None = None,
                  state_scaler: StateScaler | None = None, slots: int = 1, engine: Any = None) -> None:

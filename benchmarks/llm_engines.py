@@ -11,7 +11,9 @@ transformers`` (the default) runs on ``--device`` (``cpu``, or ``cuda`` where a 
 object of ``vllm.LLM`` keyword arguments, e.g. ``'{"enforce_eager": true}'``). The
 batched and one-at-a-time arms alternate over ``--rounds`` rounds; a row gives each arm's
 median rate and the median of the per-round ratios, so a machine whose load changes during
-the run skews the ratio less. Prints one JSON object.
+the run skews the ratio less. ``--ragged-batch`` prompts of 10 to 80 words are also scored
+in one call grouped by length (the transformers engine's default where prompts differ
+enough) against one padded pass. Prints one JSON object.
 
     python benchmarks/llm_engines.py > benchmarks/results/llm_engines.json
     python benchmarks/llm_engines.py --engine vllm > benchmarks/results/llm_engines_vllm.json
@@ -90,6 +92,29 @@ def _rows(engine: Any, batches: list[int], rng: np.random.Generator, args: argpa
     return rows
 
 
+def _ragged(engine: Any, rng: np.random.Generator, args: argparse.Namespace) -> dict[str, Any]:
+    """Scoring ``--ragged-batch`` prompts of 10 to 80 words in one call, grouped by length (the
+    engine's default, where it saves padding) against one padded pass per ``max_batch``."""
+    b = args.ragged_batch
+    prompts = [" ".join(rng.choice(WORDS, size=int(rng.integers(10, 81)))) for _ in range(b)]
+    cands = [ACTIONS] * b
+    groups = getattr(engine, "GROUPS", None)
+    if groups is None:  # an engine without length groups (vLLM schedules its own batches)
+        return {}
+
+    def one_pass() -> None:
+        engine.GROUPS = 1
+        try:
+            engine.score(prompts, cands)
+        finally:
+            del engine.GROUPS  # back to the class's default
+
+    chunks = [len(c) for c in engine._chunks(*engine.scoring_tokens(prompts, cands))]
+    rates = _paired(*_rates([lambda: engine.score(prompts, cands), one_pass], [b, b], args.min_seconds, args.rounds))
+    return {"batch": b, "prompt_words": [10, 80], "chunks": chunks, "decisions_per_s_grouped": rates["fast"],
+            "decisions_per_s_one_pass": rates["slow"], "grouped_over_one_pass": rates["ratio"]}
+
+
 def _parameters(model_dir: Any) -> int:
     from transformers import AutoModelForCausalLM
 
@@ -105,6 +130,8 @@ def main() -> None:
     parser.add_argument("--min-seconds", type=float, default=2.0, help="per arm, over all rounds")
     parser.add_argument("--rounds", type=int, default=5, help="batched and one-at-a-time alternate this many times")
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--ragged-batch", type=int, default=64,
+                        help="prompts of 10-80 words scored grouped by length against one pass (0: skip)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batches.split(",")]
@@ -125,6 +152,8 @@ def main() -> None:
         params = _parameters(model_dir)
         rows = _rows(engine, batches, rng, args)
         out["models"][name] = {"parameters": params, **size, "rows": rows}
+        if args.ragged_batch:
+            out["models"][name]["ragged"] = _ragged(engine, rng, args)
         del engine  # a vLLM engine holds its share of the GPU until collected
         gc.collect()
     print(json.dumps(out))

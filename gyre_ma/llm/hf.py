@@ -121,10 +121,42 @@ class TransformersEngine:
             raise ValueError(f"scoring packs each prompt's candidates behind it with a 4D attention mask, which needs "
                              f"the 'eager' or 'sdpa' attention implementation; {str(self.path)!r} uses {attention!r}")
         heads, tails = self.scoring_tokens(prompts, candidates)
-        out: list[np.ndarray] = []
-        for at in range(0, len(heads), self.max_batch):
-            out += self._score_chunk(heads[at:at + self.max_batch], tails[at:at + self.max_batch])
+        out: list[np.ndarray] = [np.empty(0)] * len(heads)
+        for chunk in self._chunks(heads, tails):
+            for i, scores in zip(chunk.tolist(), self._score_chunk([heads[i] for i in chunk],
+                                                                  [tails[i] for i in chunk])):
+                out[i] = scores
         return out
+
+    GROUPS = 4
+    """Most groups of similar prompt length a call's requests are split into."""
+    GROUP_ROWS = 8
+    """Fewest requests a group holds."""
+    GROUP_SAVING = 0.25
+    """Share of a call's padded tokens that grouping must save to be used: each group is a
+    forward pass of its own, whose fixed cost outweighs a little padding."""
+
+    def _chunks(self, heads: list[list[int]], tails: list[list[list[int]]]) -> list[np.ndarray]:
+        """The requests' indices, one array per forward pass: in order, ``max_batch`` at a
+        time; or, where prompts differ enough in length that it saves :attr:`GROUP_SAVING`
+        of the padded tokens (every row is padded to its pass's longest prompt and longest
+        candidates), in up to :attr:`GROUPS` groups of similar prompt length. A request's
+        scores do not depend on the others in its pass (but for float round-off)."""
+        n = len(heads)
+        if n == 0:
+            return []
+        head = np.fromiter(map(len, heads), np.int64, n)
+        span = np.fromiter((sum(map(len, ts)) for ts in tails), np.int64, n)
+        plain = np.array_split(np.arange(n), -(-n // self.max_batch))
+        groups = max(min(self.GROUPS, n // self.GROUP_ROWS), len(plain))
+        if groups <= 1:
+            return plain
+        grouped = np.array_split(np.argsort(head, kind="stable"), groups)
+
+        def padded(chunks: list[np.ndarray]) -> int:
+            return sum(len(c) * int(head[c].max() + span[c].max()) for c in chunks)
+
+        return grouped if padded(grouped) <= (1 - self.GROUP_SAVING) * padded(plain) else plain
 
     def _score_chunk(self, heads: list[list[int]], tails: list[list[list[int]]]) -> list[np.ndarray]:
         """One forward pass for the whole chunk. Row i is prompt i (left-padded, so every

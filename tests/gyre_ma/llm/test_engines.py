@@ -111,6 +111,26 @@ def test_packed_scores_equal_one_at_a_time_for_ragged_prompts_and_candidates(mod
         np.testing.assert_allclose(got, [_reference_score(eng, prompt, c) for c in cands], rtol=0, atol=1e-4)
 
 
+def test_a_call_of_prompts_of_many_lengths_runs_in_length_groups_with_the_same_scores(model_dir, engine):
+    """Requests whose prompts differ enough in length run in groups of similar length (one
+    forward pass each, less padding), and score as they do in one pass; prompts of one length
+    stay in one pass, as does a call too small to split."""
+    rng = np.random.default_rng(0)
+    words = " ".join(TEXTS).split()
+    ragged = [" ".join(rng.choice(words, size=int(rng.integers(1, 40)))) for _ in range(32)]
+    even = [" ".join(rng.choice(words, size=12)) for _ in range(32)]
+    candidates = [["go north", "look", " take key"]] * 32
+    one_pass = make_engine("transformers", model_dir)
+    one_pass.GROUPS = 1
+    chunks = engine._chunks(*engine.scoring_tokens(ragged, candidates))
+    assert len(chunks) > 1 and sorted(np.concatenate(chunks).tolist()) == list(range(32))
+    for got, want in zip(engine.score(ragged, candidates), one_pass.score(ragged, candidates), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert len(engine._chunks(*engine.scoring_tokens(even, candidates))) == 1
+    assert len(engine._chunks(*engine.scoring_tokens(ragged[:8], candidates[:8]))) == 1
+    assert engine.score([], []) == []
+
+
 def test_scores_follow_what_the_model_learned(model_dir, tmp_path):
     """A few gradient steps on "... north . go north" make that the best-scored action."""
     eng = make_engine("transformers", model_dir)

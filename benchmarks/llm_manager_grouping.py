@@ -1,6 +1,6 @@
 """The LLM manager's forward and backward with prompts grouped by length against one padded pass.
 
-``LLMManagerPolicy`` runs a batch's prompts in up to ``BUCKETS`` groups of similar length,
+``LLMManagerPolicy`` runs a batch's prompts in up to ``GROUPS`` groups of similar length,
 each cut to its own longest row, instead of padding every row to the batch's longest. This
 plays two iterations of ``configs/llm_quickstart.yaml`` (one update) to get real decisions,
 then times, side by side over ``--rounds`` alternating rounds: a learner minibatch (forward
@@ -49,7 +49,7 @@ def main() -> None:
     _, trajectories = gyre.iteration(1, return_trajectories=True)
     grouped = gyre.learner.policy
     padded = copy.deepcopy(grouped)
-    padded.BUCKETS = 1
+    padded.GROUPS = 1
     calls = [c for t in trajectories for c in t.calls]
     rng = np.random.default_rng(0)
 
@@ -71,13 +71,13 @@ def main() -> None:
 
     out: dict[str, Any] = {"benchmark": "llm_manager_grouping", "config": "configs/llm_quickstart.yaml",
                            "decisions": len(calls), "threads": 1, "rounds": args.rounds,
-                           "buckets": grouped.BUCKETS, "bucket_rows": grouped.BUCKET_ROWS}
+                           "groups": grouped.GROUPS, "group_rows": grouped.GROUP_ROWS}
     for name, size, step in (("learner_minibatch", args.minibatch, learner_step),
                              ("rollout_round", args.round_rows, rollout_round)):
         batches = [inputs(size) for _ in range(4)]
         lengths = batches[0][1]
-        groups = torch.argsort(lengths, stable=True).tensor_split(min(grouped.BUCKETS, len(lengths)
-                                                                      // grouped.BUCKET_ROWS) or 1)
+        groups = torch.argsort(lengths, stable=True).tensor_split(min(grouped.GROUPS, len(lengths)
+                                                                      // grouped.GROUP_ROWS) or 1)
         seconds: dict[str, list[float]] = {"grouped": [], "padded": []}
         for policy in (grouped, padded):
             step(policy, batches[0])  # warm

@@ -205,20 +205,20 @@ class LLMManagerPolicy(nn.Module):
         rows = torch.arange(ids.shape[0], device=ids.device)
         return self.model.get_output_embeddings()(self._hidden_at(ids, at + 1, rows, at))
 
-    BUCKETS = 4
+    GROUPS = 4
     """Most groups of similar length one forward pass over prompts is split into."""
-    BUCKET_ROWS = 8
+    GROUP_ROWS = 8
     """Fewest rows a group holds."""
 
     def _hidden_at(self, ids: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
         """The model's last hidden state at position ``positions[j]`` of row ``rows[j]`` [J, H];
         ``ids`` [N, L] holds right-padded rows of ``lengths`` [N] tokens. The rows run in up to
-        :attr:`BUCKETS` groups of similar length, each cut to its own longest row: a batch's
+        :attr:`GROUPS` groups of similar length, each cut to its own longest row: a batch's
         prompts differ in length (53-151 tokens on the LLM quickstart, where padding to the
         longest of a learner's minibatch of 128 made 37 % of its tokens padding). A row's
         tokens attend causally to their own row alone, so the grouping changes a row's hidden
         states by float round-off only."""
-        groups = min(self.BUCKETS, ids.shape[0] // self.BUCKET_ROWS)
+        groups = min(self.GROUPS, ids.shape[0] // self.GROUP_ROWS)
         if groups <= 1:
             return self.model.base_model(input_ids=ids[:, :int(lengths.max())]).last_hidden_state[rows, positions]
         slot = torch.empty(ids.shape[0], dtype=torch.long, device=ids.device)

@@ -103,7 +103,7 @@ def test_prompts_grouped_by_length_score_and_train_as_one_padded_pass(tmp_path, 
     assert int(lengths.max()) - int(lengths.min()) >= 10
     mask = torch.tensor(np.stack([d.mask for d in decisions]))
     one_pass = copy.deepcopy(policy)
-    one_pass.BUCKETS = 1
+    one_pass.GROUPS = 1
     out = []
     for p in (policy, one_pass):
         logits = p(prompt, lengths, mask)

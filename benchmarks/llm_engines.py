@@ -98,8 +98,7 @@ def _ragged(engine: Any, rng: np.random.Generator, args: argparse.Namespace) -> 
     b = args.ragged_batch
     prompts = [" ".join(rng.choice(WORDS, size=int(rng.integers(10, 81)))) for _ in range(b)]
     cands = [ACTIONS] * b
-    groups = getattr(engine, "GROUPS", None)
-    if groups is None:  # an engine without length groups (vLLM schedules its own batches)
+    if not hasattr(engine, "GROUPS"):  # an engine without length groups (vLLM schedules its own batches)
         return {}
 
     def one_pass() -> None:

@@ -186,7 +186,8 @@ class TransformersEngine:
         ids = np.full((n, width + span), self.pad, np.int64)
         for i, (head, pad) in enumerate(zip(heads, pad_width.tolist())):
             ids[i, pad:width] = head
-        ids[row, column] = np.fromiter(chain.from_iterable(flat), np.int64, len(owner))
+        tokens = np.fromiter(chain.from_iterable(flat), np.int64, len(owner))  # every candidate's, in order
+        ids[row, column] = tokens
         before = np.arange(width) - pad_width[:, None]  # a prompt column's position; negative: padding
         segment = np.full((n, width + span), -1, np.int64)  # -1 padding, 0 the prompt, else which candidate
         segment[:, :width][before >= 0] = 0
@@ -209,8 +210,7 @@ class TransformersEngine:
         # predicted by the prompt's last column.
         source = np.where(in_cand > 0, in_row, 0)
         rows = logits[:, -(span + 1):][torch.from_numpy(row).to(dev), torch.from_numpy(source).to(dev)].float()
-        tokens = torch.from_numpy(ids[row, column]).to(dev)
-        picked = rows.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(rows, -1)
+        picked = rows.gather(1, torch.from_numpy(tokens).to(dev)[:, None])[:, 0] - torch.logsumexp(rows, -1)
         total = np.bincount(owner, weights=picked.double().cpu().numpy(), minlength=len(flat))
         return per_prompt(total, counts)
 

@@ -224,17 +224,13 @@ def test_the_stop_check_decodes_a_window_and_stops_where_the_whole_text_would(mo
         at = int(rng.integers(0, len(text) - 6))
         stop = [text[at:at + int(rng.integers(1, 7))]]
         windowed = _StopAt(tokenizer, stop, width)
-        whole = [None, None]
-        for name, check in (("window", windowed), ("whole", None)):
-            for end in range(width + 1, len(tokens) + 1):
-                ids = torch.tensor(tokens[None, :end])
-                done = (check(ids, None)[0] if check is not None
-                        else any(s in tokenizer.decode(tokens[width:end], skip_special_tokens=True) for s in stop))
-                if done:
-                    whole[name == "whole"] = end
-                    break
-        assert whole[0] == whole[1], (stop, tokens.tolist())
-        fired += whole[1] is not None
+        checks = {"window": lambda end: bool(windowed(torch.tensor(tokens[None, :end]), None)[0]),
+                  "whole": lambda end: any(s in tokenizer.decode(tokens[width:end], skip_special_tokens=True)
+                                           for s in stop)}
+        first = {name: next((end for end in range(width + 1, len(tokens) + 1) if check(end)), None)
+                 for name, check in checks.items()}
+        assert first["window"] == first["whole"], (stop, tokens.tolist())
+        fired += first["whole"] is not None
     assert fired > 40
 
 

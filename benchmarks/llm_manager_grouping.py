@@ -35,6 +35,7 @@ def _padding_share(lengths: torch.Tensor, groups: list[torch.Tensor]) -> float:
 def main() -> None:
     from gyre_ma.cli import set_overrides
     from gyre_ma.config import load_config
+    from gyre_ma.llm.engine import length_groups
     from gyre_ma.loop import Gyre
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -76,8 +77,7 @@ def main() -> None:
                              ("rollout_round", args.round_rows, rollout_round)):
         batches = [inputs(size) for _ in range(4)]
         lengths = batches[0][1]
-        groups = torch.argsort(lengths, stable=True).tensor_split(min(grouped.GROUPS, len(lengths)
-                                                                      // grouped.GROUP_ROWS) or 1)
+        groups = [torch.from_numpy(g) for g in length_groups(lengths.numpy(), grouped.GROUPS, grouped.GROUP_ROWS)]
         seconds: dict[str, list[float]] = {"grouped": [], "padded": []}
         for policy in (grouped, padded):
             step(policy, batches[0])  # warm
@@ -88,7 +88,7 @@ def main() -> None:
                     step(policy, batch)
                 seconds[label].append((time.perf_counter() - start) / len(batches))
         out[name] = {"rows": size, "prompt_tokens": [int(lengths.min()), int(np.median(lengths)), int(lengths.max())],
-                     "padding_share_grouped": _padding_share(lengths, list(groups)),
+                     "padding_share_grouped": _padding_share(lengths, groups),
                      "padding_share_padded": _padding_share(lengths, [torch.arange(len(lengths))]),
                      "seconds_grouped": round(float(np.median(seconds["grouped"])), 4),
                      "seconds_padded": round(float(np.median(seconds["padded"])), 4),

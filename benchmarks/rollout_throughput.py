@@ -12,6 +12,11 @@ Per env (techtree_v0 and workflow_v0 by default, the learned manager with parame
   ``n`` plays the same episodes;
 * ``ray`` — the Ray backend, ``--workers`` actors with the default ``num_envs``, after an
   untimed warm-up that starts them and ships the weights;
+* ``processes`` — the ceiling Ray is measured against: ``--workers`` plain processes, each
+  a local backend with the default ``num_envs``, playing an even share of the round at
+  once and returning only their step counts (no trajectories cross, no Ray). What this
+  machine gives that many processes at once; ``ray_over_processes`` is the share of it
+  the Ray backend keeps;
 * ``flat_<n>`` — flat PPO's rollout (one decision per agent per primitive step, techtree)
   on the local backend at ``num_envs`` 16 and 64 (``--flat-num-envs``), ``--flat-episodes``
   per round (enough to keep every slot busy), against ``flat_raw``: its own actions
@@ -30,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +125,32 @@ def collect(backend: Any, weights: Any, batch: list[RolloutTask], path: str) -> 
     return sum(t.length for t in trajectories), secs, sum(len(t.calls) for t in trajectories)
 
 
+_PROCESS_BACKEND: Any = None
+"""In a ``processes`` worker: its local backend."""
+
+
+def _process_start(env_id: str, kwargs: dict[str, Any]) -> None:
+    global _PROCESS_BACKEND
+    import torch
+
+    torch.set_num_threads(1)
+    _PROCESS_BACKEND = make_backend("local", config(env_id, "learned", DEFAULT_NUM_ENVS, kwargs))
+
+
+def _process_play(weights: Any, batch: list[RolloutTask]) -> tuple[int, int]:
+    """Play ``batch`` in a ``processes`` worker: its steps and decisions (no trajectories cross)."""
+    trajectories = _PROCESS_BACKEND.collect(weights, 0, batch)
+    return sum(t.length for t in trajectories), sum(len(t.calls) for t in trajectories)
+
+
+def collect_processes(pool: ProcessPoolExecutor, workers: int, weights: Any,
+                      batch: list[RolloutTask]) -> tuple[int, float, int]:
+    """Steps, wall seconds and decisions of ``batch`` split evenly over the pool's processes."""
+    start = time.perf_counter()
+    done = [f.result() for f in [pool.submit(_process_play, weights, batch[k::workers]) for k in range(workers)]]
+    return sum(s for s, _ in done), time.perf_counter() - start, sum(d for _, d in done)
+
+
 def rss_mib(pid: int | str = "self") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -145,12 +178,19 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
         ray_backend.collect(weights, 0, tasks(2 * args.workers * DEFAULT_NUM_ENVS, 20_000, noise))
         rss |= {f"ray_actor_{a['worker_id']}": rss_mib(a["pid"]) for a in ray_backend.actor_info()}
         paths.append("ray")
+        pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_process_start, initargs=(env_id, kwargs))
+        collect_processes(pool, args.workers, weights, tasks(2 * args.workers * DEFAULT_NUM_ENVS, 20_000, noise))
+        paths.append("processes")
     per_round: dict[str, list[tuple[int, float, int]]] = {p: [] for p in paths}
     for r in range(args.rounds):
         seed = 1000 * r
         for name in paths[r % len(paths):] + paths[: r % len(paths)]:
             if name == "raw_same_actions":
                 per_round[name].append((*replay(replay_env, recorded[r]), 0))
+            elif name == "processes":
+                per_round[name].append(collect_processes(pool, args.workers, weights,
+                                                         tasks(args.episodes, seed, noise)))
             elif name == "ray":
                 per_round[name].append(collect(ray_backend, weights, tasks(args.episodes, seed, noise),
                                                f"{env_id}/ray"))
@@ -159,6 +199,7 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
                                                tasks(args.episodes, seed, noise), f"{env_id}/{name}"))
     if ray_backend is not None:
         ray_backend.close()
+        pool.shutdown()
     for backend in locals_.values():
         backend.close()
     best = max((f"local_{n}" for n in args.num_envs), key=lambda p: _ratio(per_round, p, "raw_same_actions"))
@@ -184,6 +225,8 @@ def measure(env_id: str, args: argparse.Namespace, noise: NoiseSetting) -> dict[
         default = f"local_{DEFAULT_NUM_ENVS}" if DEFAULT_NUM_ENVS in args.num_envs else best
         out["ray_over_local"] = round(_ratio(per_round, "ray", default), 3)
         out["ray_over_local_reference"] = default
+        out["processes_over_local"] = round(_ratio(per_round, "processes", default), 3)
+        out["ray_over_processes"] = round(_ratio(per_round, "ray", "processes"), 3)
         # the driver's CPU while Ray's actors play (receiving their trajectories): a share of a
         # small machine the actors do not get
         out["ray_driver_cpu_share"] = round(DRIVER_CPU_SECONDS[f"{env_id}/ray"]

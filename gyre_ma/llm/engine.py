@@ -191,6 +191,26 @@ class ScoringTokenizer:
             self.cache[(end, c)] = tokens if agrees else None
 
 
+LENGTH_GROUPS = 4
+"""Most groups of similar length a batch of prompts is split into, one forward pass each."""
+LENGTH_GROUP_ROWS = 8
+"""Fewest prompts a length group holds."""
+
+
+def length_groups(lengths: np.ndarray, groups: int = LENGTH_GROUPS,
+                  min_rows: int = LENGTH_GROUP_ROWS) -> list[np.ndarray]:
+    """Row indices in groups of similar ``lengths``, shortest first, for one padded forward
+    pass each (every row padded to its own group's longest, not the batch's): ``groups``
+    groups, fewer where they would hold under ``min_rows`` rows; one group of every row in
+    order where that leaves fewer than two. The transformers engine's scoring and the LLM
+    manager both group their prompts this way."""
+    n = len(lengths)
+    count = min(groups, n // max(min_rows, 1))
+    if count <= 1:
+        return [np.arange(n)]
+    return np.array_split(np.argsort(lengths, kind="stable"), count)
+
+
 def per_prompt(values: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     """Flat per-candidate ``values`` → one array per prompt of ``counts[i]`` candidates."""
     out, at = [], 0

@@ -23,7 +23,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 from transformers.utils.logging import disable_progress_bar
 
-from gyre_ma.llm.engine import ScoringTokenizer, check_model_dir, check_requests, per_prompt, start_token
+from gyre_ma.llm.engine import (
+    LENGTH_GROUP_ROWS,
+    LENGTH_GROUPS,
+    ScoringTokenizer,
+    check_model_dir,
+    check_requests,
+    length_groups,
+    per_prompt,
+    start_token,
+)
 
 
 def load_local(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
@@ -128,9 +137,9 @@ class TransformersEngine:
                 out[i] = scores
         return out
 
-    GROUPS = 4
-    """Most groups of similar prompt length a call's requests are split into."""
-    GROUP_ROWS = 8
+    GROUPS = LENGTH_GROUPS
+    """Most groups of similar prompt length a call's requests are split into (:func:`length_groups`)."""
+    GROUP_ROWS = LENGTH_GROUP_ROWS
     """Fewest requests a group holds."""
     GROUP_SAVING = 0.25
     """Share of a call's padded tokens that grouping must save to be used: each group is a
@@ -151,7 +160,7 @@ class TransformersEngine:
         groups = max(min(self.GROUPS, n // self.GROUP_ROWS), len(plain))
         if groups <= 1:
             return plain
-        grouped = np.array_split(np.argsort(head, kind="stable"), groups)
+        grouped = length_groups(head, groups, min_rows=1)
 
         def padded(chunks: list[np.ndarray]) -> int:
             return sum(len(c) * int(head[c].max() + span[c].max()) for c in chunks)

@@ -35,7 +35,14 @@ from torch import Tensor, nn
 
 from gyre_ma import batch as B
 from gyre_ma.agents.noise import PolicyActor, RowwiseForward, _Slot
-from gyre_ma.llm.engine import check_model_dir, scoring_tokens, start_token
+from gyre_ma.llm.engine import (
+    LENGTH_GROUP_ROWS,
+    LENGTH_GROUPS,
+    check_model_dir,
+    length_groups,
+    scoring_tokens,
+    start_token,
+)
 
 if TYPE_CHECKING:
     from gyre_ma.agents.manager import Critic, Featurizer, StateScaler
@@ -205,9 +212,9 @@ class LLMManagerPolicy(nn.Module):
         rows = torch.arange(ids.shape[0], device=ids.device)
         return self.model.get_output_embeddings()(self._hidden_at(ids, at + 1, rows, at))
 
-    GROUPS = 4
-    """Most groups of similar length one forward pass over prompts is split into."""
-    GROUP_ROWS = 8
+    GROUPS = LENGTH_GROUPS
+    """Most groups of similar length one forward pass over prompts is split into (:func:`length_groups`)."""
+    GROUP_ROWS = LENGTH_GROUP_ROWS
     """Fewest rows a group holds."""
 
     def _hidden_at(self, ids: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
@@ -218,12 +225,12 @@ class LLMManagerPolicy(nn.Module):
         longest of a learner's minibatch of 128 made 37 % of its tokens padding). A row's
         tokens attend causally to their own row alone, so the grouping changes a row's hidden
         states by float round-off only."""
-        groups = min(self.GROUPS, ids.shape[0] // self.GROUP_ROWS)
-        if groups <= 1:
+        groups = length_groups(lengths.cpu().numpy(), self.GROUPS, self.GROUP_ROWS)
+        if len(groups) == 1:
             return self.model.base_model(input_ids=ids[:, :int(lengths.max())]).last_hidden_state[rows, positions]
         slot = torch.empty(ids.shape[0], dtype=torch.long, device=ids.device)
         pieces, picked = [], []
-        for group in torch.argsort(lengths, stable=True).tensor_split(groups):
+        for group in (torch.from_numpy(g).to(ids.device) for g in groups):
             hidden = self.model.base_model(input_ids=ids[group, :int(lengths[group].max())]).last_hidden_state
             slot[group] = torch.arange(len(group), device=ids.device)
             mine = torch.isin(rows, group).nonzero().squeeze(1)

@@ -131,6 +131,22 @@ def test_a_call_of_prompts_of_many_lengths_runs_in_length_groups_with_the_same_s
     assert engine.score([], []) == []
 
 
+def test_length_groups_sort_rows_into_groups_of_similar_length_and_keep_small_batches_whole():
+    """The one grouping rule of the engine and the LLM manager: rows sorted by length (ties in
+    order) and split into at most ``groups`` groups of ``min_rows`` rows or more; a batch
+    too small for two groups stays one group, in order."""
+    from gyre_ma.llm.engine import length_groups
+
+    lengths = np.array([5, 1, 9, 3, 3, 7, 2, 8, 6, 4])
+    groups = length_groups(lengths, groups=4, min_rows=3)
+    assert [g.tolist() for g in groups] == [[1, 6, 3, 4], [9, 0, 8], [5, 7, 2]]
+    assert all(lengths[a].max() <= lengths[b].min() for a, b in zip(groups, groups[1:]))
+    assert [g.tolist() for g in length_groups(lengths, groups=4, min_rows=2)] == [[1, 6, 3], [4, 9, 0], [8, 5], [7, 2]]
+    assert [g.tolist() for g in length_groups(lengths, groups=4, min_rows=6)] == [list(range(10))]
+    assert [g.tolist() for g in length_groups(lengths, groups=1, min_rows=1)] == [list(range(10))]
+    assert [g.tolist() for g in length_groups(np.array([], dtype=np.int64))] == [[]]
+
+
 def test_scores_follow_what_the_model_learned(model_dir, tmp_path):
     """A few gradient steps on "... north . go north" make that the best-scored action."""
     eng = make_engine("transformers", model_dir)

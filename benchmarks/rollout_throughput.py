@@ -122,7 +122,12 @@ def collect(backend: Any, weights: Any, batch: list[RolloutTask], path: str) -> 
     secs = time.perf_counter() - start
     DRIVER_CPU_SECONDS[path] = DRIVER_CPU_SECONDS.get(path, 0.0) + time.process_time() - cpu
     SUBPOLICY_SECONDS[path] = SUBPOLICY_SECONDS.get(path, 0.0) + sum(t.subpolicy_seconds for t in trajectories)
-    return sum(t.length for t in trajectories), secs, sum(len(t.calls) for t in trajectories)
+    steps, decisions = _steps_and_decisions(trajectories)
+    return steps, secs, decisions
+
+
+def _steps_and_decisions(trajectories: list[Any]) -> tuple[int, int]:
+    return sum(t.length for t in trajectories), sum(len(t.calls) for t in trajectories)
 
 
 _PROCESS_BACKEND: Any = None
@@ -139,8 +144,7 @@ def _process_start(env_id: str, kwargs: dict[str, Any]) -> None:
 
 def _process_play(weights: Any, batch: list[RolloutTask]) -> tuple[int, int]:
     """Play ``batch`` in a ``processes`` worker: its steps and decisions (no trajectories cross)."""
-    trajectories = _PROCESS_BACKEND.collect(weights, 0, batch)
-    return sum(t.length for t in trajectories), sum(len(t.calls) for t in trajectories)
+    return _steps_and_decisions(_PROCESS_BACKEND.collect(weights, 0, batch))
 
 
 def collect_processes(pool: ProcessPoolExecutor, workers: int, weights: Any,

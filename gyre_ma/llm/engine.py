@@ -197,15 +197,16 @@ LENGTH_GROUP_ROWS = 8
 """Fewest prompts a length group holds."""
 
 
-def length_groups(lengths: np.ndarray, groups: int = LENGTH_GROUPS,
-                  min_rows: int = LENGTH_GROUP_ROWS) -> list[np.ndarray]:
+def length_groups(lengths: np.ndarray, groups: int = LENGTH_GROUPS, min_rows: int = LENGTH_GROUP_ROWS, *,
+                  at_least: int = 1) -> list[np.ndarray]:
     """Row indices in groups of similar ``lengths``, shortest first, for one padded forward
     pass each (every row padded to its own group's longest, not the batch's): ``groups``
-    groups, fewer where they would hold under ``min_rows`` rows; one group of every row in
-    order where that leaves fewer than two. The transformers engine's scoring and the LLM
-    manager both group their prompts this way."""
+    groups, fewer where they would hold under ``min_rows`` rows, but never fewer than
+    ``at_least`` (a caller whose pass takes at most so many rows); one group of every row
+    in order where that leaves fewer than two. The transformers engine's scoring and the
+    LLM manager both group their prompts this way."""
     n = len(lengths)
-    count = min(groups, n // max(min_rows, 1))
+    count = max(min(groups, n // max(min_rows, 1)), at_least)
     if count <= 1:
         return [np.arange(n)]
     return np.array_split(np.argsort(lengths, kind="stable"), count)

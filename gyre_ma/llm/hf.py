@@ -149,7 +149,8 @@ class TransformersEngine:
         """The requests' indices, one array per forward pass: in order, ``max_batch`` at a
         time; or, where prompts differ enough in length that it saves :attr:`GROUP_SAVING`
         of the padded tokens (every row is padded to its pass's longest prompt and longest
-        candidates), in up to :attr:`GROUPS` groups of similar prompt length. A request's
+        candidates), in up to :attr:`GROUPS` groups of similar prompt length (more where
+        ``max_batch`` needs more). A request's
         scores do not depend on the others in its pass (but for float round-off)."""
         n = len(heads)
         if n == 0:
@@ -157,10 +158,9 @@ class TransformersEngine:
         head = np.fromiter(map(len, heads), np.int64, n)
         span = np.fromiter((sum(map(len, ts)) for ts in tails), np.int64, n)
         plain = np.array_split(np.arange(n), -(-n // self.max_batch))
-        groups = max(min(self.GROUPS, n // self.GROUP_ROWS), len(plain))
-        if groups <= 1:
+        grouped = length_groups(head, self.GROUPS, self.GROUP_ROWS, at_least=len(plain))
+        if len(grouped) == 1:
             return plain
-        grouped = length_groups(head, groups, min_rows=1)
 
         def padded(chunks: list[np.ndarray]) -> int:
             return sum(len(c) * int(head[c].max() + span[c].max()) for c in chunks)

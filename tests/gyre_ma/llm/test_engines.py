@@ -106,6 +106,8 @@ def test_packed_scores_equal_one_at_a_time_for_ragged_prompts_and_candidates(mod
                   ["open door", "go", " you are in a dark room ."], ["north"], ["open door", " go"]]
     batched = eng.score(prompts, candidates)
     assert [len(b) for b in batched] == [len(c) for c in candidates]
+    chunks = eng._chunks(*eng.scoring_tokens(prompts, candidates))
+    assert max(map(len, chunks)) <= 2 and sorted(np.concatenate(chunks).tolist()) == list(range(5))
     for prompt, cands, got in zip(prompts, candidates, batched):
         np.testing.assert_allclose(got, [eng.score([prompt], [[c]])[0][0] for c in cands], rtol=0, atol=1e-5)
         np.testing.assert_allclose(got, [_reference_score(eng, prompt, c) for c in cands], rtol=0, atol=1e-4)
@@ -144,6 +146,9 @@ def test_length_groups_sort_rows_into_groups_of_similar_length_and_keep_small_ba
     assert [g.tolist() for g in length_groups(lengths, groups=4, min_rows=2)] == [[1, 6, 3], [4, 9, 0], [8, 5], [7, 2]]
     assert [g.tolist() for g in length_groups(lengths, groups=4, min_rows=6)] == [list(range(10))]
     assert [g.tolist() for g in length_groups(lengths, groups=1, min_rows=1)] == [list(range(10))]
+    # a pass of at most 4 rows: never fewer than 3 groups, however few rows a group may hold
+    assert [g.tolist() for g in length_groups(lengths, groups=4, min_rows=6, at_least=3)] == \
+        [[1, 6, 3, 4], [9, 0, 8], [5, 7, 2]]
     assert [g.tolist() for g in length_groups(np.array([], dtype=np.int64))] == [[]]
 
 

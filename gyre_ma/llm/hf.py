@@ -132,8 +132,8 @@ class TransformersEngine:
         heads, tails = self.scoring_tokens(prompts, candidates)
         out: list[np.ndarray] = [np.empty(0)] * len(heads)
         for chunk in self._chunks(heads, tails):
-            for i, scores in zip(chunk.tolist(), self._score_chunk([heads[i] for i in chunk],
-                                                                  [tails[i] for i in chunk])):
+            for i, scores in zip(chunk.tolist(), self._score_chunk([heads[i] for i in chunk], [tails[i] for i in chunk],
+                                                                  boolean_mask=attention == "sdpa")):
                 out[i] = scores
         return out
 
@@ -167,7 +167,8 @@ class TransformersEngine:
 
         return grouped if padded(grouped) <= (1 - self.GROUP_SAVING) * padded(plain) else plain
 
-    def _score_chunk(self, heads: list[list[int]], tails: list[list[list[int]]]) -> list[np.ndarray]:
+    def _score_chunk(self, heads: list[list[int]], tails: list[list[list[int]]], *,
+                     boolean_mask: bool) -> list[np.ndarray]:
         """One forward pass for the whole chunk. Row i is prompt i (left-padded, so every
         prompt ends in the same column) followed by its candidates back to back (right-padded).
         A candidate's tokens attend to their prompt and to their own earlier tokens, and their
@@ -209,9 +210,13 @@ class TransformersEngine:
         sees = (order[None, :] <= order[:, None]) & (key >= 0) & ((key == 0) | (key == query))
         sees |= np.eye(width + span, dtype=bool)  # padding sees itself: no empty mask row
 
-        dev, dtype = self.device, self.model.dtype
-        blocked = torch.from_numpy(~sees).to(dev)
-        mask = torch.zeros(blocked.shape, dtype=dtype, device=dev).masked_fill_(blocked, torch.finfo(dtype).min)
+        dev = self.device
+        if boolean_mask:  # True where a token may attend: SDPA takes it as it is (as transformers' own SDPA masks)
+            mask = torch.from_numpy(sees).to(dev)
+        else:  # eager attention adds its mask to the scores
+            dtype = self.model.dtype
+            mask = torch.zeros(sees.shape, dtype=dtype, device=dev).masked_fill_(torch.from_numpy(~sees).to(dev),
+                                                                                 torch.finfo(dtype).min)
         logits = self.model(input_ids=torch.from_numpy(ids).to(dev), attention_mask=mask,
                             position_ids=torch.from_numpy(positions).to(dev), use_cache=False,
                             **({"logits_to_keep": span + 1} if self._keeps_logits else {})).logits

@@ -150,8 +150,8 @@ class TransformersEngine:
         time; or, where prompts differ enough in length that it saves :attr:`GROUP_SAVING`
         of the padded tokens (every row is padded to its pass's longest prompt and longest
         candidates), in up to :attr:`GROUPS` groups of similar prompt length (more where
-        ``max_batch`` needs more). A request's
-        scores do not depend on the others in its pass (but for float round-off)."""
+        ``max_batch`` needs more). A request's scores do not depend on the others in its
+        pass (but for float round-off)."""
         n = len(heads)
         if n == 0:
             return []

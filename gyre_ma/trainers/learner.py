@@ -211,6 +211,7 @@ class Learner:
             if saved["rows"] and B.LOG_PROB not in saved["rows"]:
                 warnings.warn("the checkpoint's self-imitation replay was written before it kept each decision's "
                               "log-probability (session 43); the replay starts empty", stacklevel=2)
+                self.replay.load_state_dict({"rows": {}, "next": 0, "added": 0})  # rows this learner held go too
             else:
                 self.replay.load_state_dict(saved)
         if self.critic_replay is not None and "critic_replay" in state:

@@ -233,8 +233,9 @@ def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
 
 def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
     """With anchored credit a call that verified no milestone and did not run at the end gets
-    its share of local credit and its duration's share of the time credit; the anchors read
-    the trajectories' own records."""
+    its share of local credit and its duration's share of the time credit; a call that
+    verified milestones gets their anchor steps besides, and a call running at the end its
+    episode's residual; the anchors read the trajectories' own records."""
     from gyre_ma.credit import episode_outcomes
     from gyre_ma.rewards.milestones import calls_at_end
 
@@ -276,7 +277,15 @@ def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():
                           for r, row in enumerate(seg.calls) for c in row])
     assert quiet.any() and (~quiet).any() and share.abs().max() > 0
     assert torch.allclose(anchored[quiet], local[quiet] + w * share[quiet], atol=1e-5)
-    assert not torch.allclose(anchored[~quiet], (1 - w) * local[~quiet] + w * share[~quiet], atol=1e-5)
+    # the milestone and final calls carry anchored credit besides: a call gets the anchor step
+    # of each milestone it verified, and a call running at the end its episode's residual
+    steps, residual, _ = anchored_outcome_credit(outcomes=outcomes, verified_at=anchors["verified_at"],
+                                                 prior=cfg.credit.anchor_prior, success=success)
+    expected = torch.tensor([float(anchors["call_milestones"][r, i].to(steps.dtype) @ steps[seg.episode[r]])
+                             + float(anchors["at_end"][r, i]) * residual[seg.episode[r]].item()
+                             for r, row in enumerate(seg.calls) for i in range(len(row))])
+    extra = anchored - local - w * share
+    assert expected[~quiet].abs().max() > 0.1 and torch.allclose(extra, w * expected, atol=1e-4)
     # the logged anchor values: per milestone, the shrunk mean outcome of the episodes that
     # verified it, less the batch's mean outcome (0 for a milestone no episode verified)
     logged = anchor_metrics(trajectories, cfg.credit, names)

@@ -313,21 +313,29 @@ def test_a_batch_is_split_evenly_among_the_actors_taking_it(ray_backend):
     backend.wait_ready()  # an actor still starting takes no call
     assert backend.episodes_per_call == 32 and backend.pipeline_depth == 2 and len(backend._slots) == 2
 
+    class Recorder:  # stands in for an actor handle: records each call _dispatch sends it
+        def __init__(self, index: int, made: list[tuple[int, int]]) -> None:
+            self.index, self.made = index, made
+            self.run = self
+
+        def remote(self, weights: list, version: int, tasks: list) -> object:
+            self.made.append((self.index, len(tasks)))
+            return object()
+
     def calls(n: int) -> list[tuple[int, int]]:
+        made: list[tuple[int, int]] = []
+        actors, weights, inflight = [slot.actor for slot in backend._slots], backend._weights, dict(backend._inflight)
         backend._queue.extend(_Job(RolloutTask("executor", s), 0, s) for s in range(n))
-        made = []
         try:
-            while backend._queue:
-                room = [s for s in backend._slots if s.starting is None and len(s.queued) < backend.pipeline_depth]
-                if not room:
-                    break
-                slot = min(room, key=lambda s: (len(s.queued), s.index))
-                job = backend._queue.popleft()
-                made.append((slot.index, 1 + len(backend._chunk_after(job, slot))))
-                slot.queued.append(object())
+            for slot in backend._slots:
+                slot.actor = Recorder(slot.index, made)
+            backend._weights = {0: "the weights of version 0"}
+            backend._dispatch()
         finally:
             backend._queue.clear()
-            for slot in backend._slots:
+            backend._inflight, backend._weights = inflight, weights
+            for slot, actor in zip(backend._slots, actors, strict=True):
+                slot.actor = actor
                 slot.queued.clear()
         return made
 

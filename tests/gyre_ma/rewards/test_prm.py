@@ -34,7 +34,7 @@ def test_labels_come_from_verified_milestones_and_outcome():
         progress, success = prm_labels(traj)
         assert progress.tolist() == [float(bool(m)) for m in first_verified(traj)]
         assert success.tolist() == [float(traj.success)] * len(traj.calls)
-    assert traj.success is False and progress.sum() >= 0
+    assert traj.success is False and progress.sum() > 0  # a failed episode still labels the calls that made progress
 
 
 def test_online_training_through_fabric_learns_both_heads():

@@ -78,5 +78,8 @@ def test_a_run_ends_with_the_mean_of_its_last_updates_and_trains_as_without_it()
 
 
 def test_average_last_zero_keeps_the_last_updates_weights():
-    gyre = Gyre(load_config(DOORKEY, {"train.iterations": 2, "train.average_last": 0.0}))
+    gyre, _, history = run(2, 0.0)
     assert gyre.average is None and gyre.config.train.average_start == 2
+    assert all("averaged_updates" not in h for h in history)
+    # one policy version an update and none more: the run ends on its last update's weights
+    assert [h["policy_version"] for h in history] == [1, 2] and gyre.version == 2

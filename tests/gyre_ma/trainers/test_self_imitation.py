@@ -216,9 +216,12 @@ def test_a_checkpoint_whose_replay_has_no_log_probabilities_resumes_with_an_empt
         gyre.iteration(0)
         state = gyre.learner.state_dict()
         state["self_imitation"]["rows"].pop(B.LOG_PROB)  # as session 42 wrote it
+        assert len(gyre.learner.replay) > 0  # iteration 0 filled it
         with pytest.warns(UserWarning, match="log-probability"):
             gyre.learner.load_state_dict(state)
-        gyre.iteration(1)  # the replay refills
+        assert len(gyre.learner.replay) == 0  # loaded into a learner that held rows: those go too
+        gyre.iteration(1)  # the replay refills, with the log-probabilities
+        assert len(gyre.learner.replay) > 0 and B.LOG_PROB in gyre.learner.replay.rows
     finally:
         gyre.close()
 

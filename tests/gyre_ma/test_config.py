@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,25 @@ def test_defaults_validate_and_derived_values_are_properties():
 
 
 def test_every_field_has_a_docstring():
+    """Every field of every section, including the sections behind ``X | None``, ``list[X]``
+    and ``dict[str, X]``."""
+    seen: set[type[BaseModel]] = set()
+
+    def models(ann: Any) -> list[type[BaseModel]]:
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            return [ann]
+        return [m for arg in typing.get_args(ann) for m in models(arg)]
+
     def walk(model: type[BaseModel]):
+        seen.add(model)
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann)
+            for inner in models(field.annotation):
+                if inner not in seen:
+                    walk(inner)
 
     walk(ExperimentConfig)
+    assert {"LLMBuildConfig", "LLMManagerConfig", "RuleSpec"} <= {m.__name__ for m in seen}
 
 
 def test_errors_name_path_value_and_expectation():

@@ -238,7 +238,7 @@ def test_building_a_worker_leaves_the_callers_torch_rng_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_a_user_supplies_the_reference_manager_for_any_env(tmp_path):
+def test_a_user_supplies_the_reference_manager_for_any_env(tmp_path, capsys):
     """manager.kind: scripted with manager.policy: module:callable (before, only the two
     built-in envs had an oracle, and `gyre-ma check` said ok on a config training then refused)."""
     from gyre_ma.cli import main
@@ -253,9 +253,14 @@ def test_a_user_supplies_the_reference_manager_for_any_env(tmp_path):
     with pytest.raises(ConfigError, match="'scripted' needs `policy`"):
         parse_config({"manager": {"kind": "scripted"}})
     bad = tmp_path / "bad.yaml"
-    bad.write_text("env: {id: workflow_v0}\\nmanager: {kind: scripted, policy: 'builtins:dict'}\\n")
+    bad.write_text("env: {id: workflow_v0}\nmanager: {kind: scripted, policy: 'builtins:dict'}\n")
+    capsys.readouterr()
     assert main(["check", str(bad)]) == 2
+    said = " ".join("".join(capsys.readouterr()).split())
+    assert "manager.policy: 'builtins:dict' built dict, which has no decide(decisions)" in said
     missing = tmp_path / "missing.yaml"
-    missing.write_text("env: {id: 'gyre_ma.envs.minigrid_doorkey:make_env'}\\n"
-                       "library: 'gyre_ma.envs.minigrid_doorkey:make_library'\\nmanager: {kind: oracle}\\n")
+    missing.write_text("env: {id: 'gyre_ma.envs.minigrid_doorkey:make_env'}\n"
+                       "library: 'gyre_ma.envs.minigrid_doorkey:make_library'\nmanager: {kind: oracle}\n")
     assert main(["check", str(missing)]) == 2
+    said = " ".join("".join(capsys.readouterr()).split())
+    assert "manager.kind: environment 'gyre_ma.envs.minigrid_doorkey:make_env' has no built-in oracle manager" in said

@@ -273,8 +273,10 @@ def test_a_pickled_trajectory_keeps_every_call_and_ships_its_arrays_as_columns()
                 assert vars(got)[name].dtype == value.dtype and np.array_equal(vars(got)[name], value), name
             else:
                 assert vars(got)[name] == value, name
-    assert all(c.observation.base is back.calls[0].observation.base for c in back.calls)  # one stacked array
-    assert all(c.mask.base is back.calls[0].mask.base for c in back.calls)
+    for field in ("observation", "mask"):  # each a row of one stacked array, not an array of its own
+        stacked = getattr(back.calls[0], field).base
+        assert isinstance(stacked, np.ndarray) and stacked.shape[0] == len(back.calls), field
+        assert all(getattr(c, field).base is stacked for c in back.calls), field
 
     traj.calls[1].observation = {"text": "a dict observation"}
     mixed = pickle.loads(pickle.dumps(traj))

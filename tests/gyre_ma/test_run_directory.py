@@ -9,7 +9,7 @@ import yaml
 
 from gyre_ma.checkpoints import CheckpointManager
 from gyre_ma.cli import _lock_run, main
-from gyre_ma.config import ConfigError, parse_config
+from gyre_ma.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOORKEY = ROOT / "configs" / "minigrid_doorkey.yaml"
@@ -48,9 +48,10 @@ def test_a_resume_keeps_the_runs_config_unless_forced_and_says_when_it_is_finish
     assert train(tmp_path, "--resume", "--iterations", "2", "--set", "train.lr=0.01", "--force-config") == 0
     assert (run_dir / "config.yaml").read_text() == original  # the run's own config is not overwritten
     history = yaml.safe_load((run_dir / "config_history.yaml").read_text())
+    trained_with = yaml.safe_load(original)["train"]["lr"]  # the run's own LR, from its config.yaml
+    assert trained_with != 0.01 and trained_with == load_config(DOORKEY).train.lr
     assert history == [{"resumed_at_iteration": 1, "changed": {"train.iterations": [1, 2],
-                                                                "train.lr": [history[0]["changed"]["train.lr"][0],
-                                                                             0.01]}}]
+                                                                "train.lr": [trained_with, 0.01]}}]
     latest = CheckpointManager(run_dir / "checkpoints").load("latest")  # the forced LR is the one trained with
     assert [g["lr"] for g in latest["manager_optimizer"]["param_groups"]] == [0.01]
 

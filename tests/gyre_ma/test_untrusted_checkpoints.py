@@ -82,6 +82,8 @@ def test_a_stored_trajectory_cannot_name_a_callable(tmp_path, where):
         good, calls=[dict(good["calls"][0], breakdown=payload)])
     with pytest.raises(ValueError, match="not one of gyre-ma's record types"):
         trajectory_from_state(bad)
+    # the breakdown payload would run `touch` if revived; the class one is refused by name (built
+    # with the trajectory's own fields, subprocess.run would fail before running anything)
     assert not marker.exists()
     assert "gyre_ma.rollout:Trajectory" in record_types()
 
@@ -95,15 +97,39 @@ def test_buffer_revive_in_a_checkpoint_is_refused_on_resume(state, tmp_path):
         saved = gyre.state_dict()
     finally:
         gyre.close()
-    assert "gyre_ma.roles:RoleTrajectory" in repr(saved["buffer"])  # trajectories stored by record type
-    evil = to_storable(_replace_class(saved, "gyre_ma.roles:RoleTrajectory", "subprocess:run"))
-    gyre = Gyre(cfg)
-    try:
-        with pytest.raises(ValueError, match="record types"):
-            gyre.load_state_dict(from_storable(evil))
-    finally:
-        gyre.close()
-    assert not marker.exists()
+    stored = repr(saved["buffer"])  # trajectories and their calls' breakdowns stored by record type
+    assert "gyre_ma.roles:RoleTrajectory" in stored and "gyre_ma.rewards.breakdown:RewardBreakdown" in stored
+    touch = {"dataclass": "subprocess:run", "fields": {"args": ["touch", str(marker)]}}
+    for evil in (_replace_class(saved, "gyre_ma.roles:RoleTrajectory", "subprocess:run"),
+                 _replace_first_record(saved, "gyre_ma.rewards.breakdown:RewardBreakdown", touch)):
+        assert repr(evil["buffer"]) != stored
+        gyre = Gyre(cfg)
+        try:
+            with pytest.raises(ValueError, match="record types"):
+                gyre.load_state_dict(from_storable(to_storable(evil)))
+        finally:
+            gyre.close()
+    assert not marker.exists()  # the touch, had the breakdown been revived
+
+
+def _replace_first_record(node, name: str, payload: dict):
+    """``node`` with the first stored record of type ``name`` replaced by ``payload``."""
+    done = False
+
+    def walk(n):
+        nonlocal done
+        if done:
+            return n
+        if isinstance(n, dict):
+            if n.get("dataclass") == name and set(n) == {"dataclass", "fields"}:
+                done = True
+                return payload
+            return {k: walk(v) for k, v in n.items()}
+        if isinstance(n, list):
+            return [walk(v) for v in n]
+        return n
+
+    return walk(node)
 
 
 def _replace_class(node, old: str, new: str):

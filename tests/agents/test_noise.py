@@ -332,8 +332,13 @@ def test_an_episodes_perturbation_is_the_one_perturb_draws_from_its_seed():
                            include_layernorm=True).named_parameters())
     assert all(torch.equal(stack[1], with_ln[name]) for name, stack in actor._stacks.items())
     actor.begin(2, NoiseSetting(), 7)  # the slot's next episode acts with the policy itself
-    with torch.no_grad():
-        assert torch.allclose(actor.logits([2] * 8, *features), pol(*features), atol=1e-6)
+    own = dict(pol.named_parameters())
+    assert all(torch.equal(stack[2], own[name]) for name, stack in actor._stacks.items())
+    with torch.no_grad():  # also where a perturbed slot (1) shares its round, so the slots' rows are read
+        x, agent, mask = features
+        rows = actor.logits([1, 2] * 4, x, agent, mask)
+        assert torch.allclose(rows[1::2], pol(x, agent, mask)[1::2], atol=1e-6)
+        assert not torch.allclose(rows[0::2], pol(x, agent, mask)[0::2], atol=1e-3)
 
 
 def test_a_layer_with_no_per_row_form_is_named():

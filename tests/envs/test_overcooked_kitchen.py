@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("overcooked")
+pytest.importorskip("overcooked", reason="the overcooked extra is not installed")
 
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.checks import check_setup

@@ -43,9 +43,32 @@ def test_a_discrete_observation_is_a_numpy_integer_and_passes_pettingzoo_tests()
     assert isinstance(observations["agent_0"], np.int64)
 
 
+def _fewest_steps(taxi) -> int:
+    """Fewest steps from Taxi's current state to a delivery: breadth-first search over Taxi's
+    own transition table (``P[state][action]``: probability, next state, reward, terminated)."""
+    frontier, seen, steps = [taxi.s], {taxi.s}, 0
+    while frontier:
+        steps, following = steps + 1, []
+        for state in frontier:
+            for action in range(taxi.action_space.n):
+                for _, after, _, terminated in taxi.P[state][action]:
+                    if terminated:
+                        return steps
+                    if after not in seen:
+                        seen.add(after)
+                        following.append(after)
+        frontier = following
+    raise AssertionError("no delivery is reachable")
+
+
 def test_oracle_delivers_on_every_seed_by_the_shortest_route() -> None:
     env, library = make_taxi(), taxi_library()
     runs = [run_episode(env, library, TaxiOracle(library=library), seed=s) for s in range(60)]
+    fewest = []
+    for s in range(60):
+        env.reset(seed=s)
+        fewest.append(_fewest_steps(env.unwrapped))
+    assert [t.length for t in runs] == fewest  # every episode as short as any can be
     assert all(t.success for t in runs) and not any(t.dead_ends for t in runs)
     for t in runs:
         names = [library[c.option].name for c in t.calls]

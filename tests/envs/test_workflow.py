@@ -357,4 +357,4 @@ def test_trajectories_count_the_tool_calls_the_env_made() -> None:
     env = workflow_v0.parallel_env()
     traj = run_episode(env, library, OracleManager(library=library), seed=3)
     assert traj.tool_calls == env.tool_calls() == sum(st.tool_calls for st in env.workspace.agents.values())
-    assert traj.tool_calls >= len({c.option for c in traj.calls})  # every option used at least one tool
+    assert traj.tool_calls >= len({c.option for c in traj.calls})  # at least as many calls as options used

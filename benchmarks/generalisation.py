@@ -9,7 +9,11 @@ so that the learning-rate and noise schedules, which run over ``train.iterations
 it). After training, the final policy plays ``--eval-episodes`` task seeds no training or
 validation episode used (seeds from ``--eval-seed``, below 2^30: see ``gyre_ma.roles``),
 sampled and greedy; the env's scripted oracle and a uniformly random eligible order play
-the same seeds.
+the same seeds. A seed no training episode used may still start an instance one did (Taxi
+has 300 start states): each run also reports the share of its held-out episodes that
+start on a trained instance (``eval_on_trained_instances``, by :func:`instance_key`) and
+its figures on the others alone (``sampled_unseen_instances``, ``greedy_unseen_instances``,
+against the oracle on the same seeds, ``unseen_oracle``).
 
     python benchmarks/generalisation.py --seeds 3 --jobs 2 --png benchmarks/results/generalisation.png \
         > benchmarks/results/generalisation.json
@@ -141,10 +145,55 @@ def env_and_library(name: str, overrides: dict[str, Any] | None = None) -> tuple
     return cfg, env, make_library(cfg.env.id, env, cfg.library, cfg.library_kwargs)
 
 
-def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def instance_key(env: Any, seed: int) -> str:
+    """What task seed ``seed`` makes of ``env``: a digest of every agent's observation after
+    ``reset(seed=seed)`` and, where the env has one, its global ``state()``. Seeds with one
+    key start the same instance: Taxi has 300 start states and an Overcooked layout a few
+    hundred start placements, so after a few hundred training episodes most held-out seeds
+    replay a start the learner trained on. Where the observations miss part of an instance,
+    two instances share a key, which counts an unseen one as seen, never the reverse."""
+    import hashlib
+
+    observations, _ = env.reset(seed=seed)
+    digest = hashlib.sha256()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, dict):
+            for k in sorted(x, key=repr):
+                digest.update(repr(k).encode())
+                feed(x[k])
+        elif isinstance(x, (list, tuple)):
+            digest.update(b"[")
+            for v in x:
+                feed(v)
+            digest.update(b"]")
+        elif isinstance(x, np.ndarray | np.generic | int | float | bool) and not isinstance(x, str):
+            a = np.asarray(x)
+            digest.update(f"{a.dtype}{a.shape}".encode() + np.ascontiguousarray(a).tobytes())
+        else:
+            digest.update(repr(x).encode())
+
+    feed(observations)
+    with contextlib.suppress(AttributeError, NotImplementedError, TypeError):
+        feed(env.state())
+    return digest.hexdigest()
+
+
+def unseen_seeds(name: str, gyre: Any, eval_seeds: list[int], overrides: dict[str, Any] | None = None) -> set[int]:
+    """The seeds of ``eval_seeds`` whose start instance (:func:`instance_key`) none of the run's
+    training seeds made, counting one iteration past the run's (an asynchronous run has
+    submitted it)."""
+    _, env, _ = env_and_library(name, overrides)
+    trained_on = {instance_key(env, t.task_seed)
+                  for i in range(gyre.config.train.iterations + 1) for t in gyre.tasks(i)}
+    return {s for s in eval_seeds if instance_key(env, s) not in trained_on}
+
+
+def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = None,
+              only: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Oracle, random eligible order and the env's other ``references`` (managers built
     from ``library``: coverage's fixed assignment and nearest-first heuristic, Pursuit's
-    uncoordinated and mutually following pursuers) on ``seeds``."""
+    uncoordinated and mutually following pursuers) on ``seeds``; ``only`` those named."""
     from gyre_ma.agents.baselines import RandomManager
     from gyre_ma.envs.registry import make_oracle
     from gyre_ma.options.library import resolve
@@ -156,7 +205,7 @@ def reference(name: str, seeds: list[int], overrides: dict[str, Any] | None = No
     for key, source in ENVS[name].get("references", {}).items():
         managers[key] = lambda s, key=key, source=source: resolve(source, key)(library=library)
     return {key: _summary([run_episode(env, library, build(s), seed=s) for s in seeds])
-            for key, build in managers.items()}
+            for key, build in managers.items() if only is None or key in only}
 
 
 SCRATCH = "gyre-generalisation-"
@@ -232,9 +281,16 @@ def train(name: str, seed: int, iterations: int | None, eval_seeds: list[int],
         out = {"env_steps": gyre.env_steps, "train_seconds": seconds, "iterations": len(curve),
                "rollbacks": len(gyre.checkpoints.rollbacks) if gyre.checkpoints else 0,
                "hacking_alarms": [a.name for a in gyre.rewards.monitor.fired], "curve": curve}
+        unseen = unseen_seeds(name, gyre, eval_seeds, overrides)
+        out["eval_on_trained_instances"] = 1 - len(unseen) / len(eval_seeds)
+        out["unseen_oracle"] = (reference(name, sorted(unseen), overrides, only=("oracle",))["oracle"]
+                                if unseen else None)
         for mode, greedy in (("sampled", False), ("greedy", True)):
             tasks = evaluation_tasks(eval_seeds, greedy=greedy)
-            out[mode] = _summary(gyre.backend.collect(gyre.weights(), gyre.version, tasks))
+            played = gyre.backend.collect(gyre.weights(), gyre.version, tasks)
+            out[mode] = _summary(played)
+            fresh = [t for t in played if t.task_seed in unseen]  # started where training never did
+            out[f"{mode}_unseen_instances"] = _summary(fresh) | {"episodes": len(fresh)} if fresh else None
     return out
 
 
@@ -255,6 +311,13 @@ def verdict(env: dict[str, Any]) -> dict[str, Any]:
             s > random["success"] or (s == random["success"] and r * oracle["mean_length"] < random["mean_length"])
             for s, r in zip(success, ratio, strict=True)))
     out["random_length_ratio"] = random["mean_length"] / oracle["mean_length"]
+    # the held-out episodes that start on an instance the run trained on, and the figures of those that do not
+    out["eval_on_trained_instances"] = [r.get("eval_on_trained_instances") for r in runs]
+    for mode in ("sampled", "greedy"):
+        fresh = [r.get(f"{mode}_unseen_instances") for r in runs]
+        out[f"{mode}_success_unseen_instances"] = [f and f["success"] for f in fresh]
+        out[f"{mode}_length_ratio_unseen_instances"] = [f and f["mean_length"] / r["unseen_oracle"]["mean_length"]
+                                                        for f, r in zip(fresh, runs, strict=True)]
     return out
 
 

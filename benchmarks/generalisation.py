@@ -379,6 +379,12 @@ def parsed_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_seeds(args: argparse.Namespace) -> tuple[list[int], list[int]]:
     """``(held-out task seeds, run seeds)`` of :func:`run_arguments`' options."""
+    from gyre_ma.roles import check_held_out_seeds
+
+    try:
+        check_held_out_seeds(args.eval_seed, args.eval_episodes, "--eval-seed")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     return (list(range(args.eval_seed, args.eval_seed + args.eval_episodes)),
             list(range(args.first_seed, args.first_seed + args.seeds)))
 

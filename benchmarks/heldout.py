@@ -29,6 +29,8 @@ from typing import Any
 
 from generalisation import candidate_argument, parsed_overrides
 
+from gyre_ma.roles import check_held_out_seeds
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -101,6 +103,11 @@ def main() -> None:
     candidate_argument(p)
     args = p.parse_args()
     overrides = parsed_overrides(args)
+    try:
+        check_held_out_seeds(args.eval_seed, args.eval_episodes, "--eval-seed")
+        check_held_out_seeds(args.eval_seed + 500_000, args.curve_episodes, "--eval-seed (the curve's, 500,000 on)")
+    except ValueError as exc:
+        p.error(str(exc))
     eval_seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
     curve_seeds = list(range(args.eval_seed + 500_000, args.eval_seed + 500_000 + args.curve_episodes))
     n = args.seeds

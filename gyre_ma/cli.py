@@ -219,8 +219,11 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
     ck = gyre.checkpoints
     if ck is not None and ck.best_score is not None:  # final.pt: the policy the run ended with; best.pt may be better
-        console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} held-out episodes "
-                      f"(evaluate it with gyre-ma eval {run_dir / 'checkpoints' / 'best.pt'})", markup=False)
+        episodes = ("held-out validation episodes" if gyre.config.roles.evaluators
+                    else "training episodes (roles.evaluators is 0: no held-out validation)")
+        console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} {episodes}, the "
+                      "window that chose it, so an optimistic figure (evaluate it on fresh seeds with gyre-ma eval "
+                      f"{run_dir / 'checkpoints' / 'best.pt'})", markup=False)
     write_json(run_dir / "summary.json", metrics | {f"{k}_total": v for k, v in faults.items()})
     return 0
 
@@ -318,7 +321,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.files import write_json
     from gyre_ma.metrics import episode_metrics, wilson_interval
     from gyre_ma.player import Player
-    from gyre_ma.roles import evaluation_tasks
+    from gyre_ma.roles import check_held_out_seeds, evaluation_tasks
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
@@ -338,6 +341,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if references:
             console.print(f"trusting the config stored in {path}: it imports "
                           + ", ".join(f"{k}={v!r}" for k, v in references), markup=False, soft_wrap=True)
+    try:
+        check_held_out_seeds(args.seed, args.episodes, "--seed")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     tasks = evaluation_tasks(range(args.seed, args.seed + args.episodes), greedy=args.greedy, stream=args.stream)
     with Player(config, state) as player:
         trajectories = player.play(tasks)

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gyre_ma.config import MAX_COUNT, ConfigError, _format_error, dump_config, load_config
 from gyre_ma.experiment_sb3 import STATE as SB3_STATE
@@ -99,6 +99,13 @@ class EvaluationSpec(_Spec):
     """First held-out task seed (no training or validation episode uses this range)."""
     checkpoint: Literal["final", "best"] = "final"
     """``final``: the last policy; ``best``: the one validation chose."""
+
+    @model_validator(mode="after")
+    def _held_out(self) -> EvaluationSpec:
+        from gyre_ma.roles import check_held_out_seeds  # imports torch: only where an experiment file is read
+
+        check_held_out_seeds(self.seed, self.episodes, "seed")
+        return self
 
 
 class ExperimentSpec(_Spec):

@@ -277,6 +277,15 @@ seeds below 2^30. The ranges never meet, so no reported success is measured on a
 learner trained on."""
 
 
+def check_held_out_seeds(first: int, episodes: int, key: str) -> None:
+    """Held-out evaluation seeds ``first`` .. ``first + episodes - 1`` must lie below 2^30:
+    from there on they are validation's and training's (:data:`VALIDATION_SEEDS`,
+    :data:`TRAINING_SEEDS`). Errors name ``key``."""
+    if first < 0 or first + episodes > VALIDATION_SEEDS:
+        raise ValueError(f"{key}: held-out task seeds {first}..{first + episodes - 1} must lie in [0, 2^30 = "
+                         f"{VALIDATION_SEEDS}); seeds from 2^30 on are the runs' validation and training seeds")
+
+
 def task_seed(seed: int, iteration: int, group: int) -> int:
     """Distinct, reproducible training task seeds per (run seed, iteration, group)."""
     return TRAINING_SEEDS | int(np.random.SeedSequence([seed, iteration, group]).generate_state(1)[0] >> 1)

@@ -180,6 +180,10 @@ def test_experiment_files_are_validated_like_configs_naming_the_key(tmp_path, ca
     path.write_text(path.read_text().replace("base: base.yaml", "base: nope.yaml"))
     with pytest.raises(ConfigError, match="does not exist"):
         load_experiment(path)
+    path = _experiment(tmp_path)
+    path.write_text(path.read_text().replace("{episodes: 6}", "{episodes: 6, seed: 1073741820}"))
+    with pytest.raises(ConfigError, match=r"'evaluation': seed: held-out task seeds 1073741820..1073741825 must lie"):
+        load_experiment(path)  # from 2^30 on, the seeds are the runs' validation and training seeds
     assert not (tmp_path / "root").exists()  # nothing ran
 
 

@@ -103,3 +103,15 @@ def test_eval_of_a_run_directory_takes_its_final_policy_then_its_best_then_its_l
     assert f"evaluating {folder / 'final.pt'}" in out
     assert f"its best validation, judged on fewer episodes: {folder / 'best.pt'}" in out
     assert out.count("judged on fewer episodes") == 1  # only while both exist
+
+
+def test_the_summary_says_what_best_pt_was_judged_on(tmp_path, capsys):
+    """Validation's best window chose best.pt, so its figure is called optimistic; without
+    evaluators it was measured on training episodes, and the summary says so."""
+    for evaluators, judged_on in ((4, "held-out validation episodes, the window that chose it"),
+                                  (0, "training episodes (roles.evaluators is 0: no held-out validation)")):
+        root = tmp_path / str(evaluators)
+        assert main(["train", str(DOORKEY), "--iterations", "5", "--run-root", str(root),
+                     "--set", f"roles.evaluators={evaluators}"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "best.pt: validation success" in out and judged_on in out

@@ -179,6 +179,9 @@ def test_eval_finds_the_checkpoint_of_a_run_directory_or_config(tmp_path, capsys
     assert f"evaluating {run_dir / 'checkpoints' / 'final.pt'}" in out and "trusting" not in out
     assert main(["eval", str(tmp_path), "--episodes", "1"]) == 2
     assert "holds no checkpoint" in capsys.readouterr().err
+    # held-out seeds stay below 2^30, where validation's and training's begin
+    assert main(["eval", str(own), "--episodes", "5", "--seed", str((1 << 30) - 2)]) == 2
+    assert "--seed: held-out task seeds 1073741822..1073741826 must lie in [0, 2^30" in capsys.readouterr().err
 
 
 def test_a_manifest_pointing_outside_the_run_directory_is_refused(tmp_path):

@@ -325,6 +325,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    try:
+        check_held_out_seeds(args.seed, args.episodes, "--seed")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.stream < 0:
         raise UsageError(f"--stream must be >= 0, got {args.stream}")
     path, config = _eval_target(args)
@@ -341,10 +345,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if references:
             console.print(f"trusting the config stored in {path}: it imports "
                           + ", ".join(f"{k}={v!r}" for k, v in references), markup=False, soft_wrap=True)
-    try:
-        check_held_out_seeds(args.seed, args.episodes, "--seed")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     tasks = evaluation_tasks(range(args.seed, args.seed + args.episodes), greedy=args.greedy, stream=args.stream)
     with Player(config, state) as player:
         trajectories = player.play(tasks)

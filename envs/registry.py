@@ -88,7 +88,16 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
             f"env.id: unknown environment {env_id!r}; registered: {sorted(ENVIRONMENTS)} "
             "(or give 'module:callable')"
         )
-    return _user_call(factory, f"env.id {env_id!r} (env.kwargs)", **kwargs)
+    env = _user_call(factory, f"env.id {env_id!r} (env.kwargs)", **kwargs)
+    if not hasattr(env, "possible_agents") or not callable(getattr(env, "step", None)):
+        raise ValueError(f"env.id: {env_id!r} built {type(env).__name__}, expected a PettingZoo ParallelEnv "
+                         "(possible_agents, reset, step)")
+    if not callable(getattr(env, "verified_milestones", None)):
+        raise ValueError(f"env.id: {env_id!r} built {type(env).__name__}, which has no verified_milestones() method "
+                         "(the milestones it has verified, checked on its own state): wrap a PettingZoo or "
+                         "Gymnasium env with gyre_ma.envs.adapters.from_pettingzoo / from_gymnasium and its "
+                         "milestone detectors")
+    return env
 
 
 def make_library(env_id: str, env: Any, source: str | None = None,

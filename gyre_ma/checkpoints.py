@@ -212,6 +212,19 @@ class ValidationDecision:
         return self.action == "rollback"
 
 
+def load_weights(module: Any, state: Any, what: str) -> None:
+    """``module.load_state_dict(state)``; a checkpoint whose network does not fit the one the
+    config builds (another ``manager.hidden``, library or env) is one error naming ``what``
+    and the weights that differ, not a traceback."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        text = " ".join(str(exc).split())
+        raise ValueError(f"checkpoint {what}: its weights do not fit the network this config builds ("
+                         f"{text[:400]}{'…' if len(text) > 400 else ''}); the config's manager, library or env "
+                         "differs from the run that wrote it: use that run's config") from None
+
+
 def apply_lr_scale(optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer], lr_scale: float) -> None:
     """Set every param group's ``lr`` to its base LR × ``lr_scale``.
 

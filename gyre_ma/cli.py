@@ -88,14 +88,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _is_experiment_file(source: str) -> bool:
-    """A YAML mapping with ``variants`` and ``base``: an experiment file, not a config."""
+    """A YAML mapping with ``base`` (a key no config has): an experiment file, so that one
+    whose ``variants`` is misspelt is told so, not judged as a config."""
     from gyre_ma.options.yaml_file import read_yaml
 
     path = Path(source)
     if path.suffix not in (".yaml", ".yml") or not path.is_file():
         return False
     data = read_yaml(path, "file", UsageError)
-    return isinstance(data, dict) and "variants" in data and "base" in data
+    return isinstance(data, dict) and "base" in data
 
 
 def cmd_graph(args: argparse.Namespace) -> int:

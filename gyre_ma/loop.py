@@ -204,6 +204,11 @@ class Gyre:
             batch_trajectories, buffer_metrics = (trajectories, {}) if self.buffer is None else (
                 self.buffer.training_sample(len(trajectories), version=self.version))  # fresh and elites
             metrics |= buffer_metrics | {"update_skipped": 1.0}
+            if batch_trajectories and not any(t.calls for t in batch_trajectories):
+                stuck = sorted({a for t in batch_trajectories for a in t.dead_ends})
+                raise ValueError(f"iteration {i}: no episode made an option call, so there is nothing to learn from"
+                                 + (f": agents {stuck} found no option they could start (check the library's "
+                                    "initiation conditions against the env's first state)" if stuck else ""))
             if batch_trajectories:                                         # all could be stale
                 metrics |= self.update(self.batch(batch_trajectories), batch_trajectories)  # B, C, D
         metrics |= self._average(i)

@@ -176,7 +176,28 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
-    """``metrics.csv`` as one float array per column (NaN where a row has no value)."""
-    names, rows = _read_csv(Path(path))
-    return {name: np.array([float(r[name]) if r.get(name) not in (None, "") else np.nan for r in rows])
-            for name in names}
+    """``metrics.csv`` as one float array per column (NaN where a row has no value); a file
+    that is not one (damaged, not text, a value not a number) is one error naming it."""
+    try:
+        names, rows = _read_csv(Path(path))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"{str(path)!r} is damaged or not a metrics.csv ({exc})") from None
+    out = {}
+    for name in names:
+        try:
+            out[name] = np.array([float(r[name]) if r.get(name) not in (None, "") else np.nan for r in rows])
+        except (TypeError, ValueError):
+            bad = next(k for k, r in enumerate(rows) if not _number(r.get(name)))
+            raise ValueError(f"{str(path)!r} is damaged: row {bad + 1}'s {name!r} is {rows[bad].get(name)!r}, "
+                             "not a number") from None
+    return out
+
+
+def _number(value: Any) -> bool:
+    if value in (None, ""):
+        return True
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True

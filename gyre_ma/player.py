@@ -17,6 +17,7 @@ from typing import Any
 
 from gyre_ma.backends import make_backend
 from gyre_ma.backends.worker import RolloutKit, policy_weights
+from gyre_ma.checkpoints import load_weights
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import RolloutTask
@@ -46,8 +47,8 @@ class Player:
         missing = [key for key in ("policy", "critic", "version") if key not in state]
         if missing:
             raise ValueError(f"checkpoint has no {missing}; expected the contents of a gyre-ma run's checkpoint")
-        self.policy.load_state_dict(state["policy"])
-        self.critic.load_state_dict(state["critic"])
+        load_weights(self.policy, state["policy"], "policy")
+        load_weights(self.critic, state["critic"], "critic")
         self.version, self.iteration = int(state["version"]), int(state.get("next_iteration", 0))
         if state.get("rewards") is not None:
             self.rewards.load_state_dict(state["rewards"])

@@ -74,7 +74,11 @@ def load_spec(folder: Path) -> ExperimentSpec:
     if not path.is_file():
         raise ValueError(f"{str(folder)!r} is not an experiment folder (no experiment.yaml); pass the folder "
                          "gyre-ma experiment wrote (<root>/<name>)")
-    return ExperimentSpec.model_validate(yaml.safe_load(path.read_text()))
+    try:
+        return ExperimentSpec.model_validate(yaml.safe_load(path.read_text()))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{str(path)!r} is damaged: not the YAML gyre-ma experiment wrote ("
+                         f"{' '.join(str(exc).split())[:200]})") from None
 
 
 def collect(folder: Path, spec: ExperimentSpec) -> list[RunResult]:
@@ -86,7 +90,13 @@ def collect(folder: Path, spec: ExperimentSpec) -> list[RunResult]:
         for seed in spec.seed_list:
             run_dir = folder / "runs" / f"{variant}-s{seed}"
             metrics = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else {}
-            evaluation = json.loads((run_dir / EVAL_FILE).read_text()) if (run_dir / EVAL_FILE).is_file() else None
+            evaluation = None
+            if (run_dir / EVAL_FILE).is_file():
+                try:
+                    evaluation = json.loads((run_dir / EVAL_FILE).read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise ValueError(f"{str(run_dir / EVAL_FILE)!r} is damaged ({exc}); delete it and rerun the "
+                                     "experiment to evaluate that run again") from None
             out.append(RunResult(variant, seed, run_state(run_dir), metrics, evaluation))
     return out
 

@@ -371,7 +371,7 @@ def play_episode(
         last[d.agent] = choice.option
         return _Running(call, OptionContext(d.agent, env, d.observation, d.achieved, rng=rng), library[choice.option])
 
-    verified = env.verified_milestones()
+    verified = _verified(env, 0)
     for m in verified:
         traj.milestone_steps.setdefault(m, 0)
     step = 0
@@ -449,7 +449,14 @@ def play_episode(
             if step_log is not None:
                 step_log.append((actions, dict(rewards)))
             step += 1
-            verified = env.verified_milestones()
+            try:
+                verified = env.verified_milestones()
+            except UserCodeError:
+                raise
+            except Exception as exc:
+                raise UserCodeError(f"environment {_env_name(env)}.verified_milestones (step {step})", exc) from exc
+            if not isinstance(verified, (frozenset, set)):
+                _verified(env, step)  # names what it returned
             if len(verified) != len(traj.milestone_steps):  # monotone: only new ones to stamp
                 for m in sorted(verified.difference(traj.milestone_steps)):
                     traj.milestone_steps[m] = step
@@ -460,8 +467,12 @@ def play_episode(
             for a in actions:
                 run = running[a]
                 r = rewards.get(a, 0.0)
+                if r.__class__ is not float:  # a number of another type, or not a number
+                    r = _reward(env, a, r, step - 1)
                 if r:
-                    r = float(r)
+                    if not math.isfinite(r):
+                        raise ValueError(f"environment {_env_name(env)}.step (step {step - 1}): agent {a!r}'s reward "
+                                         f"is {r}; expected a finite number")
                     run.raw += r
                     traj.total_reward += r
                 ctx = run.ctx
@@ -545,6 +556,30 @@ def _timed_out(traj: Trajectory, run: _Running, limit: float) -> None:
         warnings.warn(f"option {name!r} (agent {run.call.agent!r}): its sub-policy ran past "
                       f"backend.option_timeout_s={limit:g} s; the call ended as a failure (counted as "
                       "option_timeouts)", RuntimeWarning, stacklevel=3)
+
+
+def _verified(env: Any, step: int) -> frozenset[str] | set[str]:
+    """``env.verified_milestones()``, checked: a set of milestone names; what else it raises
+    or returns is an error naming the env and the step."""
+    try:
+        verified = env.verified_milestones()
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(f"environment {_env_name(env)}.verified_milestones (step {step})", exc) from exc
+    if not isinstance(verified, (frozenset, set)) or not all(isinstance(m, str) for m in verified):
+        raise ValueError(f"environment {_env_name(env)}.verified_milestones (step {step}) returned "
+                         f"{str(verified)[:200]!r} ({type(verified).__name__}); expected a set of milestone names")
+    return verified
+
+
+def _reward(env: Any, agent: str, reward: Any, step: int) -> float:
+    """An env's reward for ``agent`` as a float: a real number (a NumPy scalar, an int, a
+    bool); anything else (a string, an array, None) is an error naming the env, agent and step."""
+    if isinstance(reward, (int, float, np.integer, np.floating)):
+        return float(reward)
+    raise ValueError(f"environment {_env_name(env)}.step (step {step}): agent {agent!r}'s reward is "
+                     f"{str(reward)[:100]!r} ({type(reward).__name__}); expected a number")
 
 
 def _env_name(env: Any) -> str:

@@ -216,7 +216,11 @@ class OptionLibrary:
         graph_spec = spec.get("graph")
         if isinstance(graph_spec, str):
             graph = resolve(graph_spec, f"{where}.graph")
-            graph = graph() if callable(graph) else graph
+            if callable(graph) and not isinstance(graph, TaskGraph):
+                try:
+                    graph = graph()
+                except Exception as exc:
+                    raise UserCodeError(f"{where}.graph: {callable_name(graph)}", exc) from exc
             if not isinstance(graph, TaskGraph):
                 raise ValueError(f"{where}.graph: {graph_spec!r} did not give a TaskGraph")
         else:
@@ -307,11 +311,15 @@ class OptionLibrary:
             library = factory
         else:
             try:
-                library = factory(**kwargs)
+                inspect.signature(factory).bind(**kwargs)
             except TypeError as exc:
-                if not kwargs:
-                    raise
                 raise ValueError(f"library_kwargs: {text} rejected the arguments {sorted(kwargs)} ({exc})") from None
+            except ValueError:  # no signature to check (a builtin): let the call say
+                pass
+            try:
+                library = factory(**kwargs)
+            except Exception as exc:  # raised inside the user's factory
+                raise UserCodeError(f"library: factory {callable_name(factory)}", exc) from exc
         if not isinstance(library, OptionLibrary):
             raise ValueError(f"library: {text!r} gave {type(library).__name__}, expected an OptionLibrary")
         return library.validate()

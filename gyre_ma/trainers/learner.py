@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gyre_ma import batch as B
-from gyre_ma.checkpoints import apply_lr_scale, parameter_step_size
+from gyre_ma.checkpoints import apply_lr_scale, load_weights, parameter_step_size
 from gyre_ma.trainers import self_imitation
 from gyre_ma.trainers.critic import CriticModule
 from gyre_ma.trainers.fit import Fitter
@@ -197,8 +197,8 @@ class Learner:
                     {"critic_replay": self.critic_replay.state_dict()} if self.critic_replay is not None else {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.critic.load_state_dict(state["critic"])
+        load_weights(self.policy, state["policy"], "policy")
+        load_weights(self.critic, state["critic"], "critic")
         for optimizer, key, lr in zip(self.optimizers, ("manager_optimizer", "critic_optimizer"), self.lrs,
                                       strict=True):
             optimizer.load_state_dict(state[key])

@@ -231,3 +231,100 @@ def test_a_users_error_on_a_ray_worker_is_one_line_with_exit_2(tmp_path):
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "userlib.wander of option 'go_to_" in lines[0] and "KeyError" in lines[0] and "userlib.py:7" in lines[0]
     assert "Ray worker" in lines[0] and "2 attempts" in lines[0]
+
+
+class _Broken:
+    """coverage_v0 with one of its outputs broken: ``verified_milestones`` or the rewards."""
+
+    def __init__(self, fault: str) -> None:
+        self.env, self.fault = make_env("coverage_v0"), fault
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["env"], name)
+
+    def step(self, actions):
+        observations, rewards, terms, truncs, infos = self.env.step(actions)
+        value = {"str": "lots", "array": np.array([1.0, 2.0]), "nan": float("nan"), "none": None}.get(self.fault)
+        if value is not None or self.fault == "none":
+            rewards = dict.fromkeys(rewards, value)
+        return observations, rewards, terms, truncs, infos
+
+    def verified_milestones(self):
+        if self.fault == "dict":
+            return dict.fromkeys(self.env.verified_milestones(), True)
+        if self.fault == "raises":
+            raise KeyError("lost its milestones")
+        return self.env.verified_milestones()
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("dict", r"environment CoverageEnv\.verified_milestones \(step 0\) returned .*\(dict\); expected a set of "
+             r"milestone names"),
+    ("raises", r"environment CoverageEnv\.verified_milestones \(step 0\) raised KeyError: 'lost its milestones'"),
+    ("str", r"environment CoverageEnv\.step \(step 0\): agent 'agent_\d''s reward is 'lots' \(str\); expected a "),
+    ("array", r"environment CoverageEnv\.step \(step 0\): agent 'agent_\d''s reward is .*\(ndarray\); expected a "),
+    ("none", r"environment CoverageEnv\.step \(step 0\): agent 'agent_\d''s reward is 'None' \(NoneType\)"),
+    ("nan", r"environment CoverageEnv\.step \(step 0\): agent 'agent_\d''s reward is nan; expected a finite number"),
+])
+def test_an_envs_bad_milestones_or_rewards_are_named_with_the_agent_and_step(fault, expected):
+    with pytest.raises(ValueError, match=expected):
+        run_episode(_Broken(fault), _library(lambda ctx: 1), RandomManager(0), seed=1)
+
+
+def test_an_env_factory_that_gives_no_gyre_env_or_a_library_factory_that_raises_is_named(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, """
+        def nothing():
+            return None
+
+        def raw():  # a PettingZoo env without the adapter: no verified_milestones
+            from gyre_ma.envs.registry import make_env
+            env = make_env("coverage_v0")
+            return type("Raw", (), {"possible_agents": env.possible_agents, "step": env.step})()
+
+        def library():
+            raise KeyError("oops")
+    """)
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    with pytest.raises(ValueError, match=r"env.id: 'userlib:nothing' built NoneType, expected a PettingZoo Parallel"):
+        make_env("userlib:nothing")
+    with pytest.raises(ValueError, match=r"env.id: 'userlib:raw' built Raw, which has no verified_milestones\(\)"):
+        make_env("userlib:raw")
+    with pytest.raises(UserCodeError, match=r"library: factory userlib.library raised KeyError: 'oops' \(at .*userlib"):
+        OptionLibrary.load("userlib:library")
+
+
+def test_an_iteration_in_which_no_option_could_start_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, LIBRARY.replace("{body}", "return 1").replace(
+        "max_steps=3)", "max_steps=3, initiation=lambda ctx: False)"))
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    assert main(["train", _config(tmp_path), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "iteration 0: no episode made an option call" in err and "found no option they could start" in err
+
+
+def test_damaged_run_files_and_misfit_checkpoints_are_one_error_naming_the_file(tmp_path, capsys):
+    from torch import nn
+
+    from gyre_ma.checkpoints import load_weights
+    from gyre_ma.monitor import read_metrics
+    from gyre_ma.report import load_spec
+
+    with pytest.raises(ValueError, match=r"checkpoint policy: its weights do not fit the network this config builds "
+                                         r"\(.*size mismatch for weight"):
+        load_weights(nn.Linear(3, 2), nn.Linear(4, 2).state_dict(), "policy")
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("iteration,success_rate\n0,0.5\nxx,0.75\n")
+    with pytest.raises(ValueError, match=r"metrics.csv' is damaged: row 2's 'iteration' is 'xx', not a number"):
+        read_metrics(csv)
+    csv.write_bytes(bytes(range(128, 256)) * 4 + b"\n")
+    with pytest.raises(ValueError, match=r"metrics.csv' is damaged or not a metrics.csv"):
+        read_metrics(csv)
+    (tmp_path / "experiment.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ValueError, match=r"experiment.yaml' is damaged: not the YAML gyre-ma experiment wrote"):
+        load_spec(tmp_path)
+    misspelt = tmp_path / "exp.yaml"  # an experiment file (it has a base) whose variants are misspelt
+    misspelt.write_text("name: x\nbase: base.yaml\nvarients: {a: {}}\n")
+    assert main(["check", str(misspelt)]) == 2
+    assert "'variants': required key is missing" in capsys.readouterr().err

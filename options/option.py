@@ -211,7 +211,7 @@ class Option:
     def can_start(self, ctx: OptionContext) -> bool:
         if self.restores and _holds(ctx, self):
             return False
-        return self.initiation is None or bool(self.initiation(ctx))
+        return self.initiation is None or _truth(self.initiation(ctx), self, "initiation")
 
     def termination(self, ctx: OptionContext, verified: frozenset[str],
                     behaviour: Behaviour | None = None) -> Termination | None:
@@ -221,15 +221,26 @@ class Option:
             return Termination.MILESTONE
         if self.restores and _holds(ctx, self):
             return Termination.MILESTONE
-        if self.done is not None and self.done(ctx):
+        if self.done is not None and _truth(self.done(ctx), self, "done"):
             return Termination.DONE
-        if behaviour is not None and behaviour.done(ctx):
+        if behaviour is not None and _truth(behaviour.done(ctx), self, "behaviour's done"):
             return Termination.DONE
-        if self.failure is not None and self.failure(ctx):
+        if self.failure is not None and _truth(self.failure(ctx), self, "failure"):
             return Termination.FAILURE
         if ctx.steps >= self.max_steps:
             return Termination.MAX_STEPS
         return None
+
+
+def _truth(value: Any, option: Option, which: str) -> bool:
+    """A predicate's answer: a bool (NumPy's too); anything else (None, a string, a number)
+    is an error naming the option and the predicate, not a truth value guessed."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise ValueError(f"option {option.name!r}: its {which} predicate returned {str(value)[:100]!r} "
+                     f"({type(value).__name__}); expected True or False")
 
 
 def _holds(ctx: OptionContext, option: Option) -> bool:

@@ -328,3 +328,13 @@ def test_damaged_run_files_and_misfit_checkpoints_are_one_error_naming_the_file(
     misspelt.write_text("name: x\nbase: base.yaml\nvarients: {a: {}}\n")
     assert main(["check", str(misspelt)]) == 2
     assert "'variants': required key is missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("which, value", [("initiation", "yes"), ("initiation", None), ("failure", 0),
+                                          ("failure", np.array([True, False]))])
+def test_a_predicate_that_answers_other_than_a_bool_is_named(which, value):
+    env = make_env("coverage_v0")
+    with pytest.raises(ValueError, match=rf"option 'wander': its {which} predicate returned .*; expected True or"):
+        run_episode(env, _library(lambda ctx: 1, **{which: lambda ctx: value}), RandomManager(0), seed=1)
+    assert run_episode(env, _library(lambda ctx: 1, **{which: lambda ctx: np.bool_(which == "initiation")}),
+                       RandomManager(0), seed=1).length > 0  # NumPy's bools are bools

@@ -371,7 +371,7 @@ def play_episode(
         last[d.agent] = choice.option
         return _Running(call, OptionContext(d.agent, env, d.observation, d.achieved, rng=rng), library[choice.option])
 
-    verified = _verified(env, 0)
+    verified = _verified(env, 0, names=True)
     for m in verified:
         traj.milestone_steps.setdefault(m, 0)
     step = 0
@@ -449,14 +449,7 @@ def play_episode(
             if step_log is not None:
                 step_log.append((actions, dict(rewards)))
             step += 1
-            try:
-                verified = env.verified_milestones()
-            except UserCodeError:
-                raise
-            except Exception as exc:
-                raise UserCodeError(f"environment {_env_name(env)}.verified_milestones (step {step})", exc) from exc
-            if not isinstance(verified, (frozenset, set)):
-                _verified(env, step)  # names what it returned
+            verified = _verified(env, step)
             if len(verified) != len(traj.milestone_steps):  # monotone: only new ones to stamp
                 for m in sorted(verified.difference(traj.milestone_steps)):
                     traj.milestone_steps[m] = step
@@ -558,8 +551,9 @@ def _timed_out(traj: Trajectory, run: _Running, limit: float) -> None:
                       "option_timeouts)", RuntimeWarning, stacklevel=3)
 
 
-def _verified(env: Any, step: int) -> frozenset[str] | set[str]:
-    """``env.verified_milestones()``, checked: a set of milestone names; what else it raises
+def _verified(env: Any, step: int, *, names: bool = False) -> frozenset[str] | set[str]:
+    """``env.verified_milestones()``, checked: a set (and with ``names``, as at an episode's
+    start, of strings: a check per milestone, too dear for every step); what else it raises
     or returns is an error naming the env and the step."""
     try:
         verified = env.verified_milestones()
@@ -567,7 +561,7 @@ def _verified(env: Any, step: int) -> frozenset[str] | set[str]:
         raise
     except Exception as exc:
         raise UserCodeError(f"environment {_env_name(env)}.verified_milestones (step {step})", exc) from exc
-    if not isinstance(verified, (frozenset, set)) or not all(isinstance(m, str) for m in verified):
+    if not isinstance(verified, (frozenset, set)) or (names and not all(isinstance(m, str) for m in verified)):
         raise ValueError(f"environment {_env_name(env)}.verified_milestones (step {step}) returned "
                          f"{str(verified)[:200]!r} ({type(verified).__name__}); expected a set of milestone names")
     return verified

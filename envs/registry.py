@@ -7,7 +7,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from gyre_ma.options.errors import UserCodeError, callable_name
+from gyre_ma.options.errors import user_call
 from gyre_ma.options.library import OptionLibrary, resolve
 
 
@@ -57,24 +57,7 @@ def _call(factory: Any, where: str, **available: Any) -> Any:
     if required:
         raise ValueError(f"{where}: factory {factory!r} must take no required argument but "
                          f"{sorted(available)}, got {required}")
-    return _user_call(factory, where, **{k: v for k, v in available.items() if k in params})
-
-
-def _user_call(factory: Any, where: str, **kwargs: Any) -> Any:
-    """``factory(**kwargs)``; arguments it does not take are a ValueError naming ``where``,
-    an exception from inside it a :class:`UserCodeError` naming it."""
-    try:
-        inspect.signature(factory).bind(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"{where}: {callable_name(factory)} rejected the arguments {sorted(kwargs)} ({exc})") from None
-    except ValueError:  # no signature to check (a builtin): let the call say
-        pass
-    try:
-        return factory(**kwargs)
-    except UserCodeError:
-        raise
-    except Exception as exc:
-        raise UserCodeError(f"{where}: factory {callable_name(factory)}", exc) from exc
+    return user_call(factory, where, **{k: v for k, v in available.items() if k in params})
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:
@@ -88,7 +71,7 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
             f"env.id: unknown environment {env_id!r}; registered: {sorted(ENVIRONMENTS)} "
             "(or give 'module:callable')"
         )
-    env = _user_call(factory, f"env.id {env_id!r} (env.kwargs)", **kwargs)
+    env = user_call(factory, f"env.id {env_id!r} (env.kwargs)", **kwargs)
     if not hasattr(env, "possible_agents") or not callable(getattr(env, "step", None)):
         raise ValueError(f"env.id: {env_id!r} built {type(env).__name__}, expected a PettingZoo ParallelEnv "
                          "(possible_agents, reset, step)")

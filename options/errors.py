@@ -60,3 +60,23 @@ def callable_name(fn: Any) -> str:
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return f"{module}.{name}" if module and module != "builtins" else str(name)
+
+
+def user_call(factory: Any, where: str, **kwargs: Any) -> Any:
+    """``factory(**kwargs)`` for a factory a user wrote (an env's, a library's, a graph's);
+    arguments it does not take are a ValueError naming ``where``, an exception from inside
+    it a :class:`UserCodeError` naming it."""
+    import inspect
+
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{where}: {callable_name(factory)} rejected the arguments {sorted(kwargs)} ({exc})") from None
+    except ValueError:  # no signature to check (a builtin): let the call say
+        pass
+    try:
+        return factory(**kwargs)
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(f"{where}: factory {callable_name(factory)}", exc) from exc

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from gyre_ma.options.errors import UserCodeError, callable_name
+from gyre_ma.options.errors import UserCodeError, callable_name, user_call
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.option import Option, OptionContext
 from gyre_ma.options.yaml_file import read_yaml
@@ -217,10 +217,7 @@ class OptionLibrary:
         if isinstance(graph_spec, str):
             graph = resolve(graph_spec, f"{where}.graph")
             if callable(graph) and not isinstance(graph, TaskGraph):
-                try:
-                    graph = graph()
-                except Exception as exc:
-                    raise UserCodeError(f"{where}.graph: {callable_name(graph)}", exc) from exc
+                graph = user_call(graph, f"{where}.graph")
             if not isinstance(graph, TaskGraph):
                 raise ValueError(f"{where}.graph: {graph_spec!r} did not give a TaskGraph")
         else:
@@ -310,16 +307,7 @@ class OptionLibrary:
         if isinstance(factory, OptionLibrary) or not callable(factory):
             library = factory
         else:
-            try:
-                inspect.signature(factory).bind(**kwargs)
-            except TypeError as exc:
-                raise ValueError(f"library_kwargs: {text} rejected the arguments {sorted(kwargs)} ({exc})") from None
-            except ValueError:  # no signature to check (a builtin): let the call say
-                pass
-            try:
-                library = factory(**kwargs)
-            except Exception as exc:  # raised inside the user's factory
-                raise UserCodeError(f"library: factory {callable_name(factory)}", exc) from exc
+            library = user_call(factory, f"library {text!r} (library_kwargs)", **kwargs)
         if not isinstance(library, OptionLibrary):
             raise ValueError(f"library: {text!r} gave {type(library).__name__}, expected an OptionLibrary")
         return library.validate()

@@ -290,7 +290,8 @@ def test_an_env_factory_that_gives_no_gyre_env_or_a_library_factory_that_raises_
         make_env("userlib:nothing")
     with pytest.raises(ValueError, match=r"env.id: 'userlib:raw' built Raw, which has no verified_milestones\(\)"):
         make_env("userlib:raw")
-    with pytest.raises(UserCodeError, match=r"library: factory userlib.library raised KeyError: 'oops' \(at .*userlib"):
+    with pytest.raises(UserCodeError, match=r"library 'userlib:library' \(library_kwargs\): factory userlib.library "
+                                            r"raised KeyError: 'oops' \(at .*userlib"):
         OptionLibrary.load("userlib:library")
 
 

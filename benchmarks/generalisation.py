@@ -167,7 +167,7 @@ def instance_key(env: Any, seed: int) -> str:
             for v in x:
                 feed(v)
             digest.update(b"]")
-        elif isinstance(x, np.ndarray | np.generic | int | float | bool) and not isinstance(x, str):
+        elif isinstance(x, np.ndarray | np.generic | int | float):
             a = np.asarray(x)
             digest.update(f"{a.dtype}{a.shape}".encode() + np.ascontiguousarray(a).tobytes())
         else:

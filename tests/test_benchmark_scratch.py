@@ -3,28 +3,13 @@ a live run's and anything not named for a process are left alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _benchmark():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("generalisation_bench", ROOT / "benchmarks" / "generalisation.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-
-
-def test_a_killed_runs_folder_is_swept_and_no_other(tmp_path):
-    bench = _benchmark()
+def test_a_killed_runs_folder_is_swept_and_no_other(tmp_path, generalisation):
+    bench = generalisation
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its id now names no process (reuse within the test is not a worry)
     dead = tmp_path / f"{bench.SCRATCH}{gone.pid}-abc123"

@@ -3,30 +3,13 @@ instance as a training seed is told apart from one that starts a new one."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 
-def _benchmark():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("generalisation_bench", ROOT / "benchmarks" / "generalisation.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-
-
-def test_seeds_that_start_the_same_taxi_state_share_an_instance_and_no_others_do():
-    bench = _benchmark()
+def test_seeds_that_start_the_same_taxi_state_share_an_instance_and_no_others_do(generalisation):
+    bench = generalisation
     _, env, _ = bench.env_and_library("taxi")
     start: dict[int, int] = {}
     for seed in range(400):
@@ -39,10 +22,10 @@ def test_seeds_that_start_the_same_taxi_state_share_an_instance_and_no_others_do
             assert (keys[a] == keys[b]) == (start[a] == start[b]), (a, b)
 
 
-def test_the_unseen_seeds_are_the_held_out_seeds_whose_start_no_training_seed_made():
+def test_the_unseen_seeds_are_the_held_out_seeds_whose_start_no_training_seed_made(generalisation):
     from gyre_ma.loop import Gyre
 
-    bench = _benchmark()
+    bench = generalisation
     gyre = Gyre(bench.config("taxi", 0, 2))
     try:
         _, env, _ = bench.env_and_library("taxi")

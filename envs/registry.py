@@ -100,7 +100,30 @@ def make_library(env_id: str, env: Any, source: str | None = None,
         library = _call(functools.partial(base, **kwargs), f"library_kwargs (the {env_id} library)", env=env)
     else:
         raise ValueError(f"library: environment {env_id!r} has no built-in library; set 'library'")
-    return library.validate()
+    library.validate()
+    same_milestones(library, env, f"library {source or env_id!r}")
+    return library
+
+
+def same_milestones(library: OptionLibrary, env: Any, where: str) -> None:
+    """Refuse a library built on other milestones than ``env.task_graph()``'s: a node the env
+    never verifies (a goal's name misspelt) leaves every episode unfinished, and training
+    reports 0 % success rather than an error."""
+    task_graph = getattr(env, "task_graph", None)
+    if not callable(task_graph):
+        return
+    theirs = set(user_call(task_graph, "env.task_graph()").names)
+    ours = set(library.graph.names)
+    if ours == theirs:
+        return
+    parts = []
+    if ours - theirs:
+        parts.append(f"the env never verifies {sorted(ours - theirs)}")
+    if theirs - ours:
+        parts.append(f"the library's graph lacks {sorted(theirs - ours)}")
+    raise ValueError(f"{where}: its task graph's milestones are not the env's: {'; '.join(parts)} "
+                     f"(env.task_graph() has {sorted(theirs)}); build the library on the env's own task_graph(), "
+                     "or name its milestones as the env does")
 
 
 def make_oracle(env_id: str, env: Any, library: OptionLibrary, source: str | None = None) -> Any:

@@ -25,6 +25,7 @@ import random
 import re
 import shutil
 import time
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,11 +62,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         raise ValueError(f"checkpoint {str(path)!r} is a directory; pass a checkpoint file in it, e.g. "
                          f"{str(path / 'checkpoints' / 'best.pt')!r}")
+    if not zipfile.is_zipfile(path):  # what torch.save writes; random bytes would read as a refused pickle
+        raise ValueError(f"checkpoint {str(path)!r} cannot be read: it is damaged or not a checkpoint (not the "
+                         "zip archive torch.save writes)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # what weights_only refused: loading it would have run its code
-        raise ValueError(f"checkpoint {str(path)!r} was refused: it holds objects other than tensors and plain "
-                         "data, and loading those would run code; gyre-ma loads data only") from None
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" in str(exc):  # weights_only refused to import a callable: loading it would run code
+            raise ValueError(f"checkpoint {str(path)!r} was refused: it holds objects other than tensors and "
+                             "plain data, and loading those would run code; gyre-ma loads data only") from None
+        raise ValueError(f"checkpoint {str(path)!r} cannot be read: it is damaged or not a checkpoint "
+                         "(UnpicklingError)") from None
     except Exception as exc:  # torch raises many types for a damaged file or a file of another kind
         raise ValueError(f"checkpoint {str(path)!r} cannot be read: it is damaged or not a checkpoint "
                          f"({type(exc).__name__})") from None

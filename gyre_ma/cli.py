@@ -29,8 +29,8 @@ class UsageError(ValueError):
 
 def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]:
     """A config YAML, a library YAML, or ``module:callable`` → (OptionLibrary, config). A
-    config's oracle or scripted manager is built too, so that a config that loads here
-    cannot fail on it in ``train``."""
+    config's env, its library (on the env's milestones), oracle or scripted manager and
+    rules are built too, so that a config that loads here cannot fail on them in ``train``."""
     from gyre_ma.config import load_config
     from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.options.library import OptionLibrary, fill_variables
@@ -46,6 +46,10 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
         library = make_library(config.env.id, env, config.library, config.library_kwargs)
         if config.manager.kind in ("oracle", "scripted"):
             make_oracle(config.env.id, env, library, config.manager.policy)
+        if config.rewards.rules or config.rewards.rules_file:  # their milestones, options and checks
+            from gyre_ma.rewards.scorer import RewardScorer
+
+            RewardScorer(config.rewards, library.graph, option_names=library.names)
         if config.manager.kind == "llm" and config.manager.llm.model is not None:
             from gyre_ma.llm.engine import check_model_dir
 

@@ -31,6 +31,35 @@ class UserCodeError(ValueError):
         super().__init__(f"{what} raised {type(error).__name__}: {text}" + (f" (at {where})" if where else ""))
 
 
+    def __reduce__(self) -> tuple:  # its __init__ takes (what, error), not the message pickle would pass
+        return _revive, (type(self), self.args, self.__dict__)
+
+
+class UserAnswerError(UserCodeError):
+    """A user's callable returned what gyre-ma cannot use (it raised nothing): the message
+    names the call, the answer, what was expected and where the callable is defined."""
+
+    def __init__(self, what: str, problem: str, fn: Any = None) -> None:
+        self.what, self.error = what, None
+        where = defined_at(fn)
+        ValueError.__init__(self, f"{what} {problem}" + (f" (defined at {where})" if where else ""))
+
+
+def _revive(cls: type, args: tuple, state: dict[str, Any]) -> BaseException:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
+
+def defined_at(fn: Any) -> str | None:
+    """``file:line`` where a user's function is defined (a lambda's line too), else None."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        code = getattr(getattr(type(fn), "__call__", None), "__code__", None)  # a callable instance
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
+
+
 def user_frame(error: BaseException) -> str | None:
     """``file:line`` of the innermost frame of ``error``'s traceback outside the standard
     library, installed packages and gyre-ma itself (the user's own code), else the

@@ -197,6 +197,8 @@ class OptionLibrary:
                 if mask[i]:
                     try:
                         mask[i] = opt.can_start(ctx)
+                    except UserCodeError:  # its answer was not a bool: named already
+                        raise
                     except Exception as exc:
                         raise UserCodeError(f"initiation predicate {callable_name(opt.initiation)} of option "
                                             f"{opt.name!r} (agent {ctx.agent!r})", exc) from exc

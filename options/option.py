@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from gyre_ma.options.errors import UserAnswerError, callable_name
+
 if TYPE_CHECKING:
     from gyre_ma.options.graph import TaskGraph
 
@@ -211,7 +213,7 @@ class Option:
     def can_start(self, ctx: OptionContext) -> bool:
         if self.restores and _holds(ctx, self):
             return False
-        return self.initiation is None or _truth(self.initiation(ctx), self, "initiation")
+        return self.initiation is None or _truth(self.initiation(ctx), self, "initiation", self.initiation, ctx)
 
     def termination(self, ctx: OptionContext, verified: frozenset[str],
                     behaviour: Behaviour | None = None) -> Termination | None:
@@ -221,26 +223,28 @@ class Option:
             return Termination.MILESTONE
         if self.restores and _holds(ctx, self):
             return Termination.MILESTONE
-        if self.done is not None and _truth(self.done(ctx), self, "done"):
+        if self.done is not None and _truth(self.done(ctx), self, "done", self.done, ctx):
             return Termination.DONE
-        if behaviour is not None and _truth(behaviour.done(ctx), self, "behaviour's done"):
+        if behaviour is not None and _truth(behaviour.done(ctx), self, "behaviour's done", behaviour.done, ctx):
             return Termination.DONE
-        if self.failure is not None and _truth(self.failure(ctx), self, "failure"):
+        if self.failure is not None and _truth(self.failure(ctx), self, "failure", self.failure, ctx):
             return Termination.FAILURE
         if ctx.steps >= self.max_steps:
             return Termination.MAX_STEPS
         return None
 
 
-def _truth(value: Any, option: Option, which: str) -> bool:
+def _truth(value: Any, option: Option, which: str, predicate: Any, ctx: OptionContext) -> bool:
     """A predicate's answer: a bool (NumPy's too); anything else (None, a string, a number)
-    is an error naming the option and the predicate, not a truth value guessed."""
+    is an error naming the option, the agent, the predicate and where it is defined, not a
+    truth value guessed."""
     if value is True or value is False:
         return value
     if isinstance(value, np.bool_):
         return bool(value)
-    raise ValueError(f"option {option.name!r}: its {which} predicate returned {str(value)[:100]!r} "
-                     f"({type(value).__name__}); expected True or False")
+    raise UserAnswerError(f"option {option.name!r} (agent {ctx.agent!r}): its {which} predicate "
+                          f"{callable_name(predicate)}",
+                          f"returned {str(value)[:100]!r} ({type(value).__name__}); expected True or False", predicate)
 
 
 def _holds(ctx: OptionContext, option: Option) -> bool:

@@ -11,6 +11,7 @@ import os
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,6 +154,25 @@ def test_pickle_payloads_are_refused_without_advising_weights_only_false(tmp_pat
         load_checkpoint(path)
     assert "weights_only" not in str(info.value) and str(path) in str(info.value)
     assert not marker.exists()
+
+
+def test_random_bytes_or_a_cut_file_are_called_damaged_and_code_is_called_refused(tmp_path):
+    """Random bytes read as a pickle the weights-only loader refuses: they were called
+    "refused ... would run code" rather than damaged."""
+    good = tmp_path / "good.pt"
+    torch.save({"policy": {"w": torch.ones(3)}, "config": {}}, good)
+    files = {"random.pt": np.random.default_rng(0).bytes(4000), "cut.pt": good.read_bytes()[:200],
+             "empty.pt": b""}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=f"checkpoint '.*{name}' cannot be read: it is damaged or not a "
+                                             "checkpoint"):
+            load_checkpoint(tmp_path / name)
+    evil = tmp_path / "evil.pt"
+    torch.save({"policy": _Touch(tmp_path / "MARKER"), "config": {}}, evil)
+    with pytest.raises(ValueError, match="was refused: it holds objects other than tensors"):
+        load_checkpoint(evil)
+    assert load_checkpoint(good)["policy"]["w"].sum() == 3
 
 
 def test_a_stored_random_generator_names_only_numpy_bit_generators():

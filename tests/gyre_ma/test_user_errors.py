@@ -7,6 +7,8 @@ every TypeError, gyre-ma's own bugs included, exited 2 without a traceback.
 
 from __future__ import annotations
 
+import pickle
+import re
 import textwrap
 
 import numpy as np
@@ -335,7 +337,54 @@ def test_damaged_run_files_and_misfit_checkpoints_are_one_error_naming_the_file(
                                           ("failure", np.array([True, False]))])
 def test_a_predicate_that_answers_other_than_a_bool_is_named(which, value):
     env = make_env("coverage_v0")
-    with pytest.raises(ValueError, match=rf"option 'wander': its {which} predicate returned .*; expected True or"):
+    with pytest.raises(UserCodeError) as info:
         run_episode(env, _library(lambda ctx: 1, **{which: lambda ctx: value}), RandomManager(0), seed=1)
+    message = str(info.value)  # once, and where the user's predicate is: not "raised ValueError ... (at option.py)"
+    assert re.fullmatch(rf"option 'wander' \(agent 'agent_0'\): its {which} predicate .*<lambda> returned .*; "
+                        rf"expected True or False "
+                        rf"\(defined at {re.escape(__file__)}:\d+\)", message, flags=re.S), message
+    assert message.count("wander") == 1 and "raised" not in message
     assert run_episode(env, _library(lambda ctx: 1, **{which: lambda ctx: np.bool_(which == "initiation")}),
                        RandomManager(0), seed=1).length > 0  # NumPy's bools are bools
+
+
+def test_check_and_train_refuse_a_library_on_other_milestones_than_the_envs_and_a_rule_on_an_unknown_one(
+        tmp_path, capsys):
+    """A misspelt goal is a node the env never verifies: every episode ran to its cap and
+    training reported 0 % success, while ``check`` said ok. A rule on an unknown milestone
+    passed ``check`` and failed only in ``train``."""
+    (tmp_path / "lib.yaml").write_text(textwrap.dedent("""
+        name: misspelt
+        graph: {goals: [covered_0, covered_1, covered_two], milestones: {covered_0: {}, covered_1: {}, covered_two: {}}}
+        options:
+          - {name: go_to_0, milestone: covered_0, policy: gyre_ma.envs.coverage.options:go_to_0, max_steps: 18}
+          - {name: go_to_1, milestone: covered_1, policy: gyre_ma.envs.coverage.options:go_to_1, max_steps: 18}
+          - {name: go_to_2, milestone: covered_two, policy: gyre_ma.envs.coverage.options:go_to_2, max_steps: 18}
+    """))
+    base = f"seed: 0\nenv: {{id: coverage_v0}}\nrun_root: {tmp_path / 'runs'}\n" \
+           "train: {iterations: 1, episodes_per_iteration: 4}\n"
+    library_cfg = tmp_path / "library.yaml"
+    library_cfg.write_text(f"name: misspelt\nlibrary: {tmp_path / 'lib.yaml'}\n" + base)
+    (tmp_path / "rule.yaml").write_text("name: rule\nrewards: {rules: [{name: r, milestone: covered_9, "
+                                        "require: {covered_0: true}}]}\n" + base)
+    for command in ("check", "train"):
+        assert main([command, str(library_cfg), *(["--quiet"] if command == "train" else [])]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"library '{tmp_path / 'lib.yaml'}'" in err, err
+        assert "the env never verifies ['covered_two']; the library's graph lacks ['covered_2']" in err
+        assert main([command, str(tmp_path / "rule.yaml"), *(["--quiet"] if command == "train" else [])]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "rule 'r': milestone 'covered_9' is not a node of the task graph" in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.pt"))
+    lib = tmp_path / "lib.yaml"
+    lib.write_text(lib.read_text().replace("covered_two", "covered_2"))
+    assert main(["check", str(library_cfg)]) == 0  # named as the env does: fine
+
+
+def test_a_users_error_survives_pickling_as_a_worker_would_send_it():
+    from gyre_ma.options.errors import UserAnswerError
+
+    for error in (UserCodeError("option 'x' sub-policy", KeyError("k")),
+                  UserAnswerError("option 'x': its done predicate f", "returned None; expected True or False")):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error) and back.what == error.what

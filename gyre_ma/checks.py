@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 
 from gyre_ma.agents.baselines import RandomManager
-from gyre_ma.envs.checks import EnvCheckReport, check_env
+from gyre_ma.envs.checks import EnvCheckError, EnvCheckReport, check_env
 from gyre_ma.options.decision import Manager
+from gyre_ma.options.errors import UserCodeError
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.rollout import run_episode
 
@@ -20,7 +21,12 @@ def check_setup(env: Any | Callable[[], Any], library: OptionLibrary, **kwargs: 
     do; ``kwargs`` go to ``check_env`` (``seeds``, ``n_steps``, ``module``, ...)."""
 
     def drive(probe: Any, seed: int, n_steps: int) -> None:
-        run_episode(probe, library, RandomManager(seed), seed=seed, max_steps=n_steps)
+        try:
+            run_episode(probe, library, RandomManager(seed), seed=seed, max_steps=n_steps)
+        except UserCodeError as exc:  # the probe's finding, which the rollout took for the env raising
+            if isinstance(exc.error, EnvCheckError):
+                raise exc.error from None
+            raise
 
     return check_env(env, library=library, drive=drive, **kwargs)
 

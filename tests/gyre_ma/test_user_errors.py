@@ -388,3 +388,36 @@ def test_a_users_error_survives_pickling_as_a_worker_would_send_it():
                   UserAnswerError("option 'x': its done predicate f", "returned None; expected True or False")):
         back = pickle.loads(pickle.dumps(error))
         assert type(back) is type(error) and str(back) == str(error) and back.what == error.what
+
+
+def test_check_plays_a_configs_env_so_that_an_env_broken_at_its_first_step_fails_there(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """A reward of the wrong type (and any other broken reset or step) passed ``check`` and
+    failed at the first step of ``train``; ``check`` now plays the env by its options."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, """
+        from gyre_ma.envs.coverage.coverage import CoverageEnv
+
+        class Stringly(CoverageEnv):
+            def step(self, actions):
+                observations, rewards, terms, truncs, infos = super().step(actions)
+                return observations, dict.fromkeys(rewards, "lots"), terms, truncs, infos
+
+        def make():
+            return Stringly()
+    """)
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    config = tmp_path / "config.yaml"
+    config.write_text("name: stringly\nenv: {id: 'userlib:make'}\n"
+                      "library: gyre_ma.envs.coverage.options:make_library\n")
+    assert main(["check", str(config), "--play", "0"]) == 0  # validation alone cannot see it
+    capsys.readouterr()
+    assert main(["check", str(config)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("gyre-ma check: error: check_env [step] (seed=0, step=1, agent='agent_0'): reward for "
+                          "agent 'agent_0' after step 1 is 'lots', expected a finite number"), err
+    config.write_text(config.read_text().replace("userlib:make", "coverage_v0"))
+    assert main(["check", str(config), "--play", "3"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"played 3 episodes .* each replayed with the same milestones: \d+ steps; 3 of 3 milestones "
+                     r"verified; goals \['covered_0', 'covered_1', 'covered_2'\] reached", out), out

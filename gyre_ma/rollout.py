@@ -341,7 +341,9 @@ def play_episode(
 
     def decision(agent: str, step: int, verified: frozenset[str], set_aside: set[int]) -> Decision | None:
         """The decision ``agent`` faces; None at a dead end (no eligible option)."""
-        obs = observations[agent]
+        obs = observations.get(agent, _ABSENT)
+        if obs is _ABSENT or agent not in agent_index:
+            raise ValueError(_unknown_agent(env, agent, step))
         ctx = OptionContext(agent=agent, env=env, observation=obs, achieved=verified, rng=rng) if asks_state else None
         mask = library.mask(verified, ctx)
         if set_aside:
@@ -574,6 +576,18 @@ def _reward(env: Any, agent: str, reward: Any, step: int) -> float:
         return float(reward)
     raise ValueError(f"environment {_env_name(env)}.step (step {step}): agent {agent!r}'s reward is "
                      f"{str(reward)[:100]!r} ({type(reward).__name__}); expected a number")
+
+
+_ABSENT = object()
+
+
+def _unknown_agent(env: Any, agent: str, step: int) -> str:
+    where = f"environment {_env_name(env)}.{'reset' if step == 0 else 'step'} (step {max(step - 1, 0)})"
+    if agent not in env.possible_agents:
+        return (f"{where}: live agent {agent!r} (env.agents) is not one of possible_agents "
+                f"{list(env.possible_agents)}; expected every agent that can ever act listed in possible_agents")
+    return (f"{where} returned no observation for live agent {agent!r}; expected one for every agent in env.agents "
+            "(an agent that is done leaves env.agents)")
 
 
 def _env_name(env: Any) -> str:

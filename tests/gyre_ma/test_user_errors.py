@@ -421,3 +421,30 @@ def test_check_plays_a_configs_env_so_that_an_env_broken_at_its_first_step_fails
     out = " ".join(capsys.readouterr().out.split())
     assert re.search(r"played 3 episodes .* each replayed with the same milestones: \d+ steps; 3 of 3 milestones "
                      r"verified; goals \['covered_0', 'covered_1', 'covered_2'\] reached", out), out
+
+
+class _Ghostly(_Broken):
+    """coverage_v0 that lists an agent outside possible_agents, or drops a live agent's observation."""
+
+    def reset(self, seed=None, options=None):
+        observations, infos = self.env.reset(seed=seed, options=options)
+        if self.fault == "ghost":
+            self.env.agents = [*self.env.agents, "ghost"]
+        return observations, infos
+
+    def step(self, actions):
+        observations, rewards, terms, truncs, infos = self.env.step(actions)
+        if self.fault == "no_observation":
+            observations.pop("agent_1")
+        return observations, rewards, terms, truncs, infos
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("ghost", r"environment CoverageEnv\.reset \(step 0\): live agent 'ghost' \(env.agents\) is not one of "
+              r"possible_agents \['agent_0', 'agent_1', 'agent_2'\]"),
+    ("no_observation", r"environment CoverageEnv\.step \(step \d+\) returned no observation for live agent 'agent_1'"),
+])
+def test_a_live_agent_outside_possible_agents_or_without_an_observation_is_named(fault, expected):
+    """Both were a KeyError that the CLI called a bug in gyre-ma."""
+    with pytest.raises(ValueError, match=expected):
+        run_episode(_Ghostly(fault), _library(lambda ctx: 1), RandomManager(0), seed=1)

@@ -629,6 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if argv is None:  # the program: import a config's modules from the folder it runs in, as python -m does
+        _import_from(Path.cwd())
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
@@ -652,6 +654,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "and rerun with --resume")
         err_console.print(f"gyre-ma {args.command}: error: {text}", markup=False, soft_wrap=True)
         return 2
+
+
+def _import_from(folder: Path) -> None:
+    """Let ``module:callable`` references find the user's modules in ``folder`` (after
+    every installed package, so that a file there never shadows one). ``python -m``, an
+    experiment's runs (started so) and Ray's workers (started in the driver's folder)
+    find them there already."""
+    if str(folder) not in sys.path and "" not in sys.path:
+        sys.path.append(str(folder))
 
 
 _STORAGE_FULL_OR_LOCKED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}

@@ -36,6 +36,10 @@ def resolve(ref: str, where: str) -> Any:
     module_name, attr_path = ref.split(":")
     try:
         obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        hint = ("; gyre-ma imports your modules from the folder it runs in and from PYTHONPATH"
+                if exc.name == module_name.split(".")[0] else "")
+        raise ValueError(f"{where}: cannot import module {module_name!r} ({exc}){hint}") from None
     except ImportError as exc:
         raise ValueError(f"{where}: cannot import module {module_name!r} ({exc})") from None
     for part in attr_path.split("."):

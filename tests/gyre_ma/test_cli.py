@@ -157,3 +157,27 @@ def test_check_of_a_library_with_variables_names_the_variable_to_set(capsys):
     err = capsys.readouterr().err
     assert "options[0].neural.weights: variable ${go_to_0} has no value; set library_kwargs.go_to_0" in err
     assert err.count("\n") == 1
+
+
+def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_path):
+    """``gyre-ma check keycorridor.yaml`` beside keycorridor.py said "No module named
+    'keycorridor'" (a console script's path holds its own folder, not the current one);
+    ``python -m gyre_ma.cli``, an experiment's runs and Ray's workers found it."""
+    import os
+    import shutil
+
+    program = shutil.which("gyre-ma")
+    assert program is not None, "the gyre-ma console script is installed with the package"
+    (tmp_path / "my_tasks.py").write_text("from gyre_ma.envs.coverage.coverage import CoverageEnv\n\n\n"
+                                          "def make():\n    return CoverageEnv()\n")
+    (tmp_path / "my.yaml").write_text("name: mine\nenv: {id: 'my_tasks:make'}\n"
+                                      "library: gyre_ma.envs.coverage.options:make_library\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    here = subprocess.run([sys.executable, program, "check", "my.yaml", "--play", "1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0 and "played 1 episode" in here.stdout, here.stderr[-2000:]
+    elsewhere = subprocess.run([sys.executable, program, "check", str(tmp_path / "my.yaml")], cwd=tmp_path.parent,
+                               env=env, capture_output=True, text=True, timeout=300)
+    assert elsewhere.returncode == 2
+    assert ("env.id: cannot import module 'my_tasks' (No module named 'my_tasks'); gyre-ma imports your modules "
+            "from the folder it runs in and from PYTHONPATH") in " ".join(elsewhere.stderr.split())

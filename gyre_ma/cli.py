@@ -364,8 +364,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.stream < 0:
         raise UsageError(f"--stream must be >= 0, got {args.stream}")
     path, config = _eval_target(args)
-    args.checkpoint = str(path)
-    state = load_checkpoint(path)
+    state = None if path is None else load_checkpoint(path)
+    if path is not None:
+        args.checkpoint = str(path)
     if config is None:  # the checkpoint's own config: data, unless the user trusts it
         config = parse_config(state["config"], source=f"{path} (config)")
         references = code_references(config)
@@ -386,7 +387,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
     metrics |= {"success_ci95_low": low, "success_ci95_high": high}
     mode = "greedy" if args.greedy else "sampled"
-    table = Table(title=f"eval of {args.checkpoint} — {args.episodes} episodes "
+    what = (args.checkpoint if path is not None
+            else f"{args.checkpoint} (manager {config.manager.kind}, nothing learned)")
+    table = Table(title=f"eval of {what} — {args.episodes} episodes "
                         f"({mode}, task seeds {args.seed}–{args.seed + args.episodes - 1}, stream {args.stream})")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -394,20 +397,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
     won = [t for t in trajectories if t.success]  # a success ends at the goal: its length is the steps to it
     metrics |= {"steps_to_goal": float(np.mean([t.length for t in won])) if won else float("nan"),
                 "calls_to_goal": float(np.mean([len(t.calls) for t in won])) if won else float("nan")}
-    table.add_row("steps to the goal (successes)", f"{metrics['steps_to_goal']:.1f}")
+    steps_ci = _mean_interval([t.length for t in won])
+    length_ci = _mean_interval([t.length for t in trajectories])
+    metrics |= {"steps_to_goal_ci95_low": steps_ci[0], "steps_to_goal_ci95_high": steps_ci[1],
+                "episode_length_ci95_low": length_ci[0], "episode_length_ci95_high": length_ci[1]}
+    table.add_row("steps to the goal (successes)", f"{metrics['steps_to_goal']:.1f}{_ci_text(steps_ci)}")
     table.add_row("option calls to the goal (successes)", f"{metrics['calls_to_goal']:.1f}")
     table.add_row("agents lost per episode", f"{metrics['agents_lost']:.2f}")
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
-    table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}")
+    table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}{_ci_text(length_ci)}")
     table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
     for m in names:
         table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
     for key in sorted(k for k in metrics if k.startswith("reward/")):
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
-    if args.json:
-        write_json(Path(args.json), metrics)
+    if args.json:  # the figures, and each episode's own (for intervals of your choosing, or pairing with another run)
+        episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
+                     "option_calls": len(t.calls)} for t in trajectories]
+        write_json(Path(args.json), metrics | {"episodes": episodes})
     return 0
+
+
+def _mean_interval(values: list[float]) -> tuple[float, float]:
+    """A percentile-bootstrap 95 % interval of the mean of ``values`` (NaN for none)."""
+    import numpy as np
+
+    from gyre_ma.stats import mean, stratified_bootstrap
+
+    if not values:
+        return float("nan"), float("nan")
+    interval = stratified_bootstrap(np.asarray(values, dtype=float)[:, None], mean, reps=2000, seed=0)
+    return interval.low, interval.high
+
+
+def _ci_text(interval: tuple[float, float]) -> str:
+    low, high = interval
+    return "" if low != low else f" (95 % CI {low:.1f}–{high:.1f})"
 
 
 _EVAL_SLOTS = ("final.pt", "best.pt", "latest.pt")
@@ -420,11 +446,12 @@ than ``final.pt``'s on every run and its sampled success lower on 10 runs, highe
 greedy, it succeeded a little more often (on 8 runs, by 0.5-2 points; less often on 1)."""
 
 
-def _eval_target(args: argparse.Namespace) -> tuple[Path, Any]:
+def _eval_target(args: argparse.Namespace) -> tuple[Path | None, Any]:
     """The checkpoint ``gyre-ma eval`` means, and the config to rebuild it with (None: the
     checkpoint's own). A checkpoint file is itself; a run directory or a config YAML (whose
     run directory is then used, with that config) mean the run's final checkpoint, else its
-    best or latest one (:data:`_EVAL_SLOTS`)."""
+    best or latest one (:data:`_EVAL_SLOTS`). A config whose manager does not learn (an
+    oracle, a scripted or random order) and has no run means no checkpoint (None)."""
     from gyre_ma.config import load_config
 
     target, config = Path(args.checkpoint), None
@@ -432,6 +459,11 @@ def _eval_target(args: argparse.Namespace) -> tuple[Path, Any]:
         config = load_config(args.config)
     if target.is_file() and target.suffix in (".yaml", ".yml"):
         config = load_config(target)
+        if not config.manager.learns and not (config.run_dir / "checkpoints").is_dir():
+            return None, config  # an oracle, scripted or random order: nothing to load
+        if not config.run_dir.exists():
+            raise UsageError(f"config {str(target)!r}: its run directory {str(config.run_dir)!r} does not exist; "
+                             f"train it first (gyre-ma train {target}), or pass a checkpoint file")
         target = config.run_dir
     if target.is_dir():
         folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
@@ -585,7 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: continue with a config that differs from the run's (the change is recorded)")
     p = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
     p.add_argument("checkpoint", help="a checkpoint written by gyre-ma train, a run directory (its final.pt) "
-                                      "or a run's config YAML")
+                                      "or a run's config YAML (a config whose manager does not learn, such as "
+                                      "an oracle, needs no run)")
     p.add_argument("--config", help="rebuild the env, library and manager from this config YAML instead of the "
                                     "checkpoint's")
     p.add_argument("--trust-config", action="store_true",

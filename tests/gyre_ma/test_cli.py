@@ -181,3 +181,22 @@ def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_pa
     assert elsewhere.returncode == 2
     assert ("env.id: cannot import module 'my_tasks' (No module named 'my_tasks'); gyre-ma imports your modules "
             "from the folder it runs in and from PYTHONPATH") in " ".join(elsewhere.stderr.split())
+
+
+def test_eval_plays_a_config_whose_manager_does_not_learn_without_a_run(tmp_path, capsys):
+    """An oracle's held-out figures, beside a learned run's on the same seeds, needed a
+    run of one iteration first: "checkpoint ... does not exist" for the config given."""
+    import json
+
+    oracle = tmp_path / "oracle.yaml"
+    oracle.write_text(f"name: oracle\nenv: {{id: coverage_v0}}\nmanager: {{kind: oracle}}\nrun_root: {tmp_path}\n")
+    assert main(["eval", str(oracle), "--episodes", "20", "--json", str(tmp_path / "o.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(manager oracle, nothing learned)" in out
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert result["success_rate"] > 0.9 and [e["task_seed"] for e in result["episodes"]][:2] == [1_000_000, 1_000_001]
+    learned = tmp_path / "learned.yaml"
+    learned.write_text(oracle.read_text().replace("manager: {kind: oracle}\n", "").replace("oracle", "learned"))
+    assert main(["eval", str(learned)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"its run directory '{tmp_path / 'learned'}' does not exist; train it first (gyre-ma train {learned})" in err

@@ -129,6 +129,11 @@ def test_train_and_eval_cli_write_logs_checkpoint_and_report(tmp_path, capsys):
     assert "steps to the goal" in out.stdout and "calls_to_goal" in result
     assert "agents lost per episode" in out.stdout and "episodes cut at a dead end" in out.stdout
     assert {"agents_lost", "dead_ends"} <= set(result)
+    episodes = result["episodes"]  # each held-out episode's own figures, and the mean length's interval
+    assert [e["task_seed"] for e in episodes] == [1_000_000, 1_000_001, 1_000_002]  # the default --seed on
+    assert sum(e["length"] for e in episodes) / 3 == pytest.approx(result["episode_length"])
+    assert sum(e["success"] for e in episodes) / 3 == pytest.approx(result["success_rate"])
+    assert result["episode_length_ci95_low"] <= result["episode_length"] <= result["episode_length_ci95_high"]
 
     def cli(*argv: str) -> tuple[int, str]:
         capsys.readouterr()

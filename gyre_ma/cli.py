@@ -223,7 +223,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                TextColumn("{task.fields[steps]} env steps · {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     try:
-        with Progress(*columns, console=console, disable=args.quiet) as progress:
+        live = console.is_terminal  # redirected to a file, a live bar is cut to 80 columns: a line an iteration
+        with Progress(*columns, console=console, disable=args.quiet or not live) as progress:
             task = progress.add_task("train", total=config.train.iterations, completed=first,
                                      steps=gyre.env_steps, success="—")
             for i in range(first, config.train.iterations):
@@ -231,6 +232,9 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                 monitor.log(metrics, step=int(metrics["env_steps"]))  # iteration is a column
                 monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
                 progress.update(task, advance=1, steps=int(metrics["env_steps"]), success=_success_line(metrics))
+                if not live and not args.quiet:
+                    console.print(f"iter {i + 1}/{config.train.iterations} · {int(metrics['env_steps'])} env steps · "
+                                  f"{_success_line(metrics)}", markup=False, soft_wrap=True)
                 said_stop = _say_rollbacks(progress.console, gyre, metrics, i, said_stop)
     finally:
         gyre.close()

@@ -115,3 +115,5 @@ def test_the_summary_says_what_best_pt_was_judged_on(tmp_path, capsys):
                      "--set", f"roles.evaluators={evaluators}"]) == 0
         out = " ".join(capsys.readouterr().out.split())
         assert "best.pt: validation success" in out and judged_on in out
+        # not a terminal: a whole line an iteration, not a live bar cut to 80 columns
+        assert all(f"iter {i}/5 · " in out for i in range(1, 6)) and "iter 5/5 · " in out

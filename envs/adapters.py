@@ -29,8 +29,8 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import aec_to_parallel, turn_based_aec_to_parallel
 
 from gyre_ma.envs.base import NumericView
-from gyre_ma.envs.checks import describe
-from gyre_ma.options.errors import UserCodeError, callable_name
+from gyre_ma.envs.checks import describe, why_outside
+from gyre_ma.options.errors import UserAnswerError, UserCodeError, callable_name
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import reference, resolve
 
@@ -232,10 +232,10 @@ class GyreAdapter(ParallelEnv):
             if space is None:
                 continue
             if self.check_observations and not space.contains(obs):
-                raise ValueError(
-                    f"{self.metadata['name']}: {where}: observation for agent {agent!r} is outside "
-                    f"observation_space({agent!r}) = {space}; got {describe(obs)}"
-                )
+                method = getattr(type(self._env.unwrapped), "reset" if where == "reset" else "step", None)
+                raise UserAnswerError(
+                    f"{self.metadata['name']}: {where}: the wrapped env's observation for agent {agent!r}",
+                    f"is outside observation_space({agent!r}) = {space}: {why_outside(space, obs, 'it')}", method)
             self._last_obs[agent] = obs
 
     def _detect(self, where: str) -> None:
@@ -251,7 +251,8 @@ class GyreAdapter(ParallelEnv):
         except Exception as exc:
             raise UserCodeError(f"{what} (a predicate over the unwrapped {type(raw).__name__})", exc) from exc
         if not isinstance(fired, (bool, np.bool_)):
-            raise UserCodeError(what, TypeError(f"returned {fired!r} ({type(fired).__name__}); expected a bool"))
+            raise UserAnswerError(what, f"returned {describe(fired)} ({type(fired).__name__}); expected a bool",
+                                  detector)
         return bool(fired)
 
 

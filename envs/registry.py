@@ -89,7 +89,7 @@ def make_library(env_id: str, env: Any, source: str | None = None,
     factory called with ``kwargs`` (the config's ``library_kwargs``)."""
     kwargs = dict(kwargs or {})
     if source is not None:
-        library = OptionLibrary.load(source, **kwargs)
+        library = OptionLibrary.load(source, **{"env": env, **kwargs})  # a library_kwargs "env" wins
     elif env_id in ENVIRONMENTS:
         base = resolve(ENVIRONMENTS[env_id].library, "library")
         try:

@@ -19,8 +19,11 @@ from rich.table import Table
 if TYPE_CHECKING:  # the commands import what they use, so --help needs neither numpy nor torch
     from gyre_ma.config import ExperimentConfig
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+_LOG_WIDTH = 120
+"""Columns of output written to a file or pipe (rich's default there is 80, which cut the
+names in tables); a terminal's own width otherwise."""
+console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else _LOG_WIDTH)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else _LOG_WIDTH)
 
 
 class UsageError(ValueError):
@@ -71,12 +74,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     graph = library.graph
     length, path = graph.critical_path()
     table = Table(title=f"option library {library.name!r}: {len(library)} options")
-    for col in ("option", "milestone", "kind", "max_steps"):
-        table.add_column(col)
+    for col in ("option", "milestone", "kind", "max_steps", "exclusive", "starts when"):
+        table.add_column(col, overflow="fold")  # a name wraps in its cell rather than lose its end
     for opt in library:
         kind = ("restores" if opt.restores else "repeatable" if opt.repeatable
                 else "upkeep" if opt.milestone is None else "one-shot")
-        table.add_row(opt.name, opt.milestone or "—", kind, str(opt.max_steps))
+        starts = ("—" if opt.initiation is None
+                  else getattr(opt.initiation, "__qualname__", type(opt.initiation).__name__))
+        table.add_row(opt.name, opt.milestone or "—", kind, str(opt.max_steps), "yes" if opt.exclusive else "—", starts)
     console.print(table)
     console.print(
         f"task graph: {len(graph)} milestones, goals {list(graph.goals)}; "

@@ -300,10 +300,12 @@ class OptionLibrary:
         return {"name": self.name, "graph": self.graph.to_spec(), "options": options}
 
     @classmethod
-    def load(cls, source: str | Path, **kwargs: Any) -> OptionLibrary:
+    def load(cls, source: str | Path, *, env: Any = None, **kwargs: Any) -> OptionLibrary:
         """Load a YAML file, its ``${name}`` variables filled from ``kwargs`` (see
         :func:`fill_variables`), or call a ``module:callable`` that returns a library with
-        ``kwargs`` (the config's ``library_kwargs``, e.g. the env it is built for)."""
+        ``kwargs`` (the config's ``library_kwargs``) and, if it takes an ``env`` argument
+        that ``kwargs`` does not give, ``env`` (the env it is built for), as the built-in
+        envs' library factories get theirs."""
         text = str(source)
         path = Path(text)
         if path.suffix in (".yaml", ".yml") or path.exists():
@@ -313,6 +315,8 @@ class OptionLibrary:
         if isinstance(factory, OptionLibrary) or not callable(factory):
             library = factory
         else:
+            if env is not None and "env" not in kwargs and _takes_env(factory):
+                kwargs = {**kwargs, "env": env}
             library = user_call(factory, f"library {text!r} (library_kwargs)", **kwargs)
         if not isinstance(library, OptionLibrary):
             raise ValueError(f"library: {text!r} gave {type(library).__name__}, expected an OptionLibrary")
@@ -320,6 +324,13 @@ class OptionLibrary:
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_spec(), sort_keys=False))
+
+
+def _takes_env(factory: Any) -> bool:
+    try:
+        return "env" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return False
 
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

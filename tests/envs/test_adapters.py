@@ -294,7 +294,8 @@ def test_detector_must_return_a_bool() -> None:
         "CartPole-v1", milestones={"vague": lambda e: None},
         graph={"goals": ["vague"], "milestones": {"vague": {}}},
     )
-    with pytest.raises(UserCodeError, match=r"milestone 'vague' raised TypeError: returned None .* expected a bool"):
+    with pytest.raises(UserCodeError, match=r"milestone 'vague' returned None \(NoneType\); expected a bool "
+                                             r"\(defined at .*test_adapters.py:\d+\)$"):
         env.reset(seed=0)
 
 
@@ -319,8 +320,17 @@ def test_observation_outside_its_space_names_the_agent() -> None:
     env = from_gymnasium(_Drifting(), milestones={"g": lambda e: False}, graph=graph, agent="walker")
     env.reset(seed=0)
     env.step({"walker": 0})
-    with pytest.raises(ValueError, match=r"step 2: observation for agent 'walker' is outside"):
+    with pytest.raises(ValueError, match=r"step 2: the wrapped env's observation for agent 'walker' is outside "
+                                         r"observation_space\('walker'\) = .*: it\[0\] = 1.2\d* is outside "
+                                         r"\[0.0, 1.0\] "
+                                         r".*\(defined at .*test_adapters.py:\d+\)$"):
         env.step({"walker": 0})
+    wide = _Drifting()
+    wide.reset = lambda seed=None, options=None: (np.zeros(2), {})  # float64 where the space says float32
+    env = from_gymnasium(wide, milestones={"g": lambda e: False}, graph=graph, agent="walker")
+    with pytest.raises(UserCodeError, match=r"reset: the wrapped env's observation for agent 'walker' is outside .*: "
+                                            r"it has dtype float64, which does not cast safely to float32"):
+        env.reset(seed=0)
     lax = from_gymnasium(_Drifting(), milestones={"g": lambda e: False}, graph=graph, check_observations=False)
     lax.reset(seed=0)
     lax.step({"agent_0": 0})

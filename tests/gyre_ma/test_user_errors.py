@@ -448,3 +448,27 @@ def test_a_live_agent_outside_possible_agents_or_without_an_observation_is_named
     """Both were a KeyError that the CLI called a bug in gyre-ma."""
     with pytest.raises(ValueError, match=expected):
         run_episode(_Ghostly(fault), _library(lambda ctx: 1), RandomManager(0), seed=1)
+
+
+def test_a_users_library_factory_is_given_the_env_it_is_built_for_when_it_asks(tmp_path, monkeypatch):
+    """Built-in envs' factories got ``env``; a user's got library_kwargs alone and failed
+    with "make_library rejected the arguments [] (missing a required argument: 'env')"."""
+    from gyre_ma.envs.registry import make_library
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, """
+        from gyre_ma.envs.coverage.options import make_library as coverage_library
+
+        def make(env, prefix="mine"):
+            library = coverage_library(env=env)
+            library.name = f"{prefix}:{type(env).__name__}:{len(env.possible_agents)}"
+            return library
+
+        def plain():
+            return coverage_library()
+    """)
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    env = make_env("coverage_v0", n_agents=2)
+    assert make_library("coverage_v0", env, "userlib:make").name == "mine:CoverageEnv:2"
+    assert make_library("coverage_v0", env, "userlib:make", {"prefix": "p"}).name == "p:CoverageEnv:2"
+    assert make_library("coverage_v0", make_env("coverage_v0"), "userlib:plain").name  # asks for nothing: given nothing

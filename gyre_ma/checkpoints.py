@@ -371,6 +371,12 @@ class CheckpointManager:
         return self._manifest.get("best_episodes")
 
     @property
+    def best_length(self) -> float | None:
+        """The mean episode length behind the best score (None: not recorded): among
+        validations of equal success, the shorter paths are the better policy."""
+        return self._manifest.get("best_length")
+
+    @property
     def lr_scale(self) -> float:
         return float(self._manifest["lr_scale"])
 
@@ -378,7 +384,7 @@ class CheckpointManager:
     def rollbacks(self) -> list[Rollback]:
         return [Rollback(**r) for r in self._manifest["rollbacks"]]
 
-    _DECISIONS = ("best_score", "best_episodes", "lr_scale", "rollbacks")
+    _DECISIONS = ("best_score", "best_episodes", "best_length", "lr_scale", "rollbacks")
 
     def decisions(self) -> dict[str, Any]:
         """What validation decides from — the best score and its episodes, the LR scale,
@@ -514,30 +520,37 @@ class CheckpointManager:
 
     # ----------------------------------------------------------- validation and rollback
     def validate(self, score: float, state: Mapping[str, Any] | None, *, step: int | None = None,
-                 episodes: int | None = None, allow_rollback: bool = True) -> ValidationDecision:
+                 episodes: int | None = None, length: float | None = None,
+                 allow_rollback: bool = True) -> ValidationDecision:
         """Record a validation score for the judged ``state``.
 
-        Better than the best → ``best`` ← state (and ``latest``). Worse than the best by more
-        than ``rollback_threshold`` (or non-finite) → rollback to ``best``. Otherwise
+        Better than the best — or as good, with a shorter mean episode ``length`` than the
+        best's (so that where success saturates early, best is not the first policy to reach
+        it, however long its paths) → ``best`` ← state (and ``latest``). Worse than the best
+        by more than ``rollback_threshold`` (or non-finite) → rollback to ``best``. Otherwise
         ``latest`` ← state. ``state`` None: the judged state is the one in ``latest``; it is
         copied to ``best`` as it is, and ``latest`` is left to the caller. ``episodes``, the
-        number behind ``score``, is kept with a new best (:attr:`best_episodes`); with
-        ``allow_rollback`` False a drop is only recorded as ``kept``.
+        number behind ``score``, is kept with a new best (:attr:`best_episodes`), as is
+        ``length`` (:attr:`best_length`); with ``allow_rollback`` False a drop is only
+        recorded as ``kept``.
         """
         score = float(score)
         best = self.best_score
         sign = 1.0 if self.higher_is_better else -1.0
-        if math.isfinite(score) and (best is None or sign * (score - best) > 0):
+        shorter = (score == best and length is not None and math.isfinite(length)
+                   and self.best_length is not None and length < self.best_length)
+        if math.isfinite(score) and (best is None or sign * (score - best) > 0 or shorter):
+            kept = {k: self._manifest.get(k) for k in ("best_score", "best_episodes", "best_length")}
             self._manifest["best_score"] = score  # written with the best slot, atomically
-            previous_episodes = self._manifest.get("best_episodes")
             self._manifest["best_episodes"] = episodes
+            self._manifest["best_length"] = length if length is not None and math.isfinite(length) else None
             try:
                 if state is None:
                     self.promote("latest", "best", step=step, metrics={"score": score})
                 else:
                     self.save(("best", "latest"), state, step=step, metrics={"score": score})
             except BaseException:
-                self._manifest["best_score"], self._manifest["best_episodes"] = best, previous_episodes
+                self._manifest.update(kept)
                 raise
             return ValidationDecision("improved", score, score, self.lr_scale)
         if allow_rollback and best is not None and (not math.isfinite(score)

@@ -262,8 +262,9 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     if ck is not None and ck.best_score is not None:  # final.pt: the policy the run ended with; best.pt may be better
         episodes = ("held-out validation episodes" if gyre.config.roles.evaluators
                     else "training episodes (roles.evaluators is 0: no held-out validation)")
-        console.print(f"best.pt: validation success {ck.best_score:.1%} over {ck.best_episodes} {episodes}, the "
-                      "window that chose it, so an optimistic figure (evaluate it on fresh seeds with gyre-ma eval "
+        length = f" in {ck.best_length:.1f} steps on average" if ck.best_length is not None else ""
+        console.print(f"best.pt: validation success {ck.best_score:.1%}{length} over {ck.best_episodes} {episodes}, "
+                      "the window that chose it, so an optimistic figure (evaluate it on fresh seeds with gyre-ma eval "
                       f"{run_dir / 'checkpoints' / 'best.pt'})", markup=False)
     write_json(run_dir / "summary.json", metrics | {f"{k}_total": v for k, v in faults.items()})
     return 0
@@ -331,12 +332,14 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _success_line(metrics: dict[str, float]) -> str:
-    """Held-out success (sampled / greedy) where validation ran, then the training episodes'."""
-    train = f"train {metrics['success_rate']:.0%}"
+    """Held-out success and mean length (sampled / greedy) where validation ran, then the
+    training episodes': where success saturates, the lengths show the learning."""
+    train = f"train {metrics['success_rate']:.0%} in {metrics['episode_length']:.0f} steps"
     if "validation/sampled_success" not in metrics:
         return f"success: {train}"
-    return (f"held-out success {metrics['validation/sampled_success']:.0%} sampled / "
-            f"{metrics['validation/greedy_success']:.0%} greedy · {train}")
+    return (f"held-out {metrics['validation/sampled_success']:.0%} in {metrics['validation/sampled_length']:.0f} "
+            f"steps sampled / {metrics['validation/greedy_success']:.0%} in "
+            f"{metrics['validation/greedy_length']:.0f} greedy · {train}")
 
 
 def _say_rollbacks(out: Console, gyre: Any, metrics: dict[str, float], iteration: int, said_stop: bool) -> bool:
@@ -448,8 +451,9 @@ def _ci_text(interval: tuple[float, float]) -> str:
 _EVAL_SLOTS = ("final.pt", "best.pt", "latest.pt")
 """What ``gyre-ma eval RUN_DIR`` evaluates, first found first: the policy the run ended with
 (the average of its last updates), else its best validation, else its latest slot. ``best.pt``
-is judged on a few held-out episodes an iteration and on success alone, so it is often an
-early policy. On the 16 held-out runs compared in ``benchmarks/results/README.md`` (session
+is judged on a few held-out episodes an iteration (on success, and since session 50 on the mean
+length among windows of equal success; before, on success alone, so it was often an early
+policy). On the 16 held-out runs compared in ``benchmarks/results/README.md`` (session
 47: tech tree, quickstart, LLM quickstart), ``best.pt``'s sampled paths were 8-41 % longer
 than ``final.pt``'s on every run and its sampled success lower on 10 runs, higher on 5;
 greedy, it succeeded a little more often (on 8 runs, by 0.5-2 points; less often on 1)."""

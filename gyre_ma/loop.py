@@ -142,8 +142,9 @@ class Gyre:
 
     def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
         """Judge the current policy by verified success on held-out episodes, sampled and
-        greedy (or, with no evaluators, on the training ``trajectories``): keep it as best,
-        or roll back to the best when it fell significantly (LR cut, latest batch purged)."""
+        greedy (or, with no evaluators, on the training ``trajectories``), then by their mean
+        length: keep it as best, or roll back to the best when its success fell significantly
+        (LR cut, latest batch purged)."""
         if self.checkpoints is None:
             return {}
         metrics: dict[str, float] = {}
@@ -152,10 +153,12 @@ class Gyre:
             trajectories = self.backend.collect(self.weights(), self.version,
                                                 validation_tasks(seeds, modes=(False, True)))
             for mode, greedy in (("sampled", False), ("greedy", True)):
-                runs = [t for t in trajectories if t.greedy == greedy]
-                metrics[f"validation/{mode}_success"] = episode_metrics(runs, ())["success_rate"]
-        score, episodes = self.stability.score(episode_metrics(trajectories, ())["success_rate"],
-                                               episodes=len(trajectories))
+                judged = episode_metrics([t for t in trajectories if t.greedy == greedy], ())
+                metrics[f"validation/{mode}_success"] = judged["success_rate"]
+                metrics[f"validation/{mode}_length"] = judged["episode_length"]
+        judged_metrics = episode_metrics(trajectories, ())
+        score, episodes = self.stability.score(judged_metrics["success_rate"], episodes=len(trajectories),
+                                               length=judged_metrics["episode_length"])
         judged = None if self.checkpoints.has("latest") else self.state_dict()  # latest holds this policy
         decision = self.stability.validate(score, episodes, judged, step=iteration)
         return metrics | {"validation/success_rate": score, "validation/episodes": float(episodes),

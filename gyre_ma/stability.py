@@ -55,6 +55,9 @@ class Stability:
         self.nan_guard = NanGuard(config.nan_max_consecutive)
         self.recent: deque[tuple[float, int]] = deque(maxlen=config.validation_window)
         """(success rate, episodes) of the last iterations' validation episodes, judged together."""
+        self.lengths: deque[float] = deque(maxlen=config.validation_window)
+        """Their mean episode lengths (NaN: not given), pooled with them: the tie-break between
+        windows of equal success."""
         self.drops = 0
         """Validations in a row significantly below the best."""
         self.judged = 0
@@ -76,12 +79,23 @@ class Stability:
         """``max_rollbacks`` reached: drops are recorded, no longer rolled back."""
         return self.checkpoints is not None and len(self.checkpoints.rollbacks) >= self.config.max_rollbacks
 
-    def score(self, success_rate: float, *, episodes: int) -> tuple[float, int]:
+    def score(self, success_rate: float, *, episodes: int, length: float = math.nan) -> tuple[float, int]:
         """The score validation judges and the episodes behind it: the success pooled over
-        the recent window of iterations."""
+        the recent window of iterations (and ``length``, their mean episode length, pooled
+        as :attr:`length`)."""
+        if len(self.lengths) != len(self.recent):  # restored without lengths: start them afresh
+            self.lengths.clear()
+            self.lengths.extend([math.nan] * len(self.recent))
         self.recent.append((success_rate, episodes))
+        self.lengths.append(float(length))
         total = sum(n for _, n in self.recent)
         return float(sum(r * n for r, n in self.recent) / max(total, 1)), total
+
+    @property
+    def length(self) -> float:
+        """The mean episode length pooled over the recent window (NaN where one is unknown)."""
+        total = sum(n for _, n in self.recent)
+        return float(sum(x * n for x, (_, n) in zip(self.lengths, self.recent, strict=True)) / max(total, 1))
 
     def validate(self, score: float, episodes: int, state: Mapping[str, Any] | None, *,
                  step: int) -> ValidationDecision:
@@ -110,9 +124,10 @@ class Stability:
         self.drops = self.drops + 1 if drop else 0
         allow = not self.rollbacks_stopped and (
             best is None or not finite or self.drops > self.config.validation_window)
-        decision = ck.validate(score, state, step=step, episodes=episodes, allow_rollback=allow)
+        decision = ck.validate(score, state, step=step, episodes=episodes, length=self.length, allow_rollback=allow)
         if decision.rolled_back:
             self.recent.clear()  # a new policy: its own scores from here on
+            self.lengths.clear()
             self.drops = 0
         return decision
 
@@ -124,12 +139,14 @@ class Stability:
             return guard, None
         decision = self.checkpoints.rollback(reason=guard.reason, step=step)
         self.recent.clear()
+        self.lengths.clear()
         self.drops = 0
         return guard, decision
 
     def state_dict(self) -> dict[str, Any]:
         return {"nan_guard": self.nan_guard.state_dict(), "recent_scores": [list(r) for r in self.recent],
-                "validation_drops": self.drops, "validations_judged": self.judged}
+                "recent_lengths": list(self.lengths), "validation_drops": self.drops,
+                "validations_judged": self.judged}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("nan_guard") is not None:
@@ -139,3 +156,6 @@ class Stability:
         self.recent.clear()  # older checkpoints kept bare rates: an unknown count is one episode each
         self.recent.extend((float(r[0]), int(r[1])) if isinstance(r, (list, tuple)) else (float(r), 1)
                            for r in state.get("recent_scores", []))
+        self.lengths.clear()
+        lengths = [float(x) for x in state.get("recent_lengths", [])]
+        self.lengths.extend(lengths if len(lengths) == len(self.recent) else [math.nan] * len(self.recent))

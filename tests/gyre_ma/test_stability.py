@@ -303,6 +303,39 @@ def test_rollbacks_stop_after_max_rollbacks_and_no_best_comes_from_a_small_sampl
     assert kept.action == "kept" and len(stability.checkpoints.rollbacks) == 2 and kept.lr_scale == 0.25
 
 
+def test_among_windows_of_equal_success_best_is_the_one_with_shorter_paths(tmp_path):
+    """A task every policy completes (the warehouse a user wrote): best.pt stayed the first
+    policy to reach 100 %, 1.6x the oracle's length, while the run ended 1.07x. Success
+    still decides first, and only success decides a rollback."""
+    stability = Stability.from_config(load_config(DOORKEY).checkpoints, tmp_path)
+    ck = stability.checkpoints
+    step = 0
+
+    def judge(rate: float, length: float) -> str:
+        nonlocal step
+        ck.save("latest", {"policy": {"w": torch.full((2,), float(step))}}, step=step)
+        score, n = stability.score(rate, episodes=32, length=length)
+        step += 1
+        return stability.validate(score, n, None, step=step).action
+
+    window = stability.config.validation_window
+    for _ in range(window):
+        judge(1.0, 136.0)
+    assert ck.best_score == 1.0 and ck.best_length == 136.0
+    assert [judge(1.0, 90.0) for _ in range(window)][-1] == "improved"  # the window's pooled length fell
+    assert ck.best_length == 90.0 and ck.load("best")["policy"]["w"][0] == step - 1
+    assert judge(1.0, 120.0) == "kept" and ck.best_length == 90.0  # longer: not better
+    assert judge(0.9, 10.0) == "kept" and ck.best_score == 1.0  # shorter but failing more: not better
+    resumed = Stability.from_config(load_config(DOORKEY).checkpoints, tmp_path)
+    resumed.load_state_dict(stability.state_dict())
+    assert list(resumed.lengths) == list(stability.lengths) and resumed.length == stability.length
+    old = stability.state_dict()
+    del old["recent_lengths"]  # a checkpoint from before lengths were kept
+    resumed.load_state_dict(old)
+    assert math.isnan(resumed.length) and resumed.score(1.0, episodes=32, length=5.0)[0] == pytest.approx(
+        stability.score(1.0, episodes=32, length=5.0)[0])
+
+
 def test_validation_is_held_out_by_default_sampled_and_greedy(tmp_path):
     """Measurement 4: with the old default (no evaluators) "validation" was the mean of the
     training episodes. Now every iteration plays held-out seeds, once sampled and once greedy,

@@ -79,8 +79,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     for opt in library:
         kind = ("restores" if opt.restores else "repeatable" if opt.repeatable
                 else "upkeep" if opt.milestone is None else "one-shot")
-        starts = ("—" if opt.initiation is None
-                  else getattr(opt.initiation, "__qualname__", type(opt.initiation).__name__))
+        starts = ("—" if opt.initiation is None  # __name__: what a factory names the closures it makes
+                  else getattr(opt.initiation, "__name__", type(opt.initiation).__name__))
         table.add_row(opt.name, opt.milestone or "—", kind, str(opt.max_steps), "yes" if opt.exclusive else "—", starts)
     console.print(table)
     console.print(
@@ -91,7 +91,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if side:
         console.print(f"side-effect milestones (no option of their own): {', '.join(side)}", markup=False)
     if config is not None:
-        console.print(f"config {args.source!r}: valid (experiment {config.name!r}, env {config.env.id})")
+        console.print(f"config {args.source!r}: valid (run name {config.name!r}, env {config.env.id})")
         if args.play:
             _play_check(config, library, args.play)
     console.print("[green]ok[/green]")
@@ -684,6 +684,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        err_console.print(f"gyre-ma {args.command}: interrupted{_INTERRUPTED_NOTE.get(args.command, '')}",
+                          markup=False, soft_wrap=True)
+        return 130
     except Exception as exc:
         if args.debug:
             raise
@@ -711,6 +717,11 @@ def _import_from(folder: Path) -> None:
         sys.path.append(str(folder))
 
 
+_INTERRUPTED_NOTE = {
+    "train": "; the run keeps every iteration it completed: rerun with --resume to continue it",
+    "experiment": "; finished runs are kept, and a rerun resumes the others from their checkpoints",
+}
+"""What an interrupted command kept, and how to go on."""
 _STORAGE_FULL_OR_LOCKED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 """Storage errors after which a run can continue with ``--resume`` once they are fixed."""
 _MAX_ERROR = 2000

@@ -356,16 +356,43 @@ class RunFailed(RuntimeError):
         super().__init__(f"{what} exited {rc}: {last_line}")
 
 
+class RunInterrupted(RunFailed):
+    """The run's process stopped on SIGINT (Ctrl-C): it resumes on the next rerun."""
+
+
+_INTERRUPTED = (130, -signal.SIGINT)
+"""Exit codes of a child stopped by SIGINT: gyre-ma's own (130), or the signal itself."""
+_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
+"""The run processes now running, so that an interrupted experiment can stop them."""
+
+
 def _call(cmd: list[str], log: Path, what: str) -> None:
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with log.open("ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
         out.flush()
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent,
-                              check=False)
-    if proc.returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+        with _CHILDREN_LOCK:
+            _CHILDREN.add(proc)
+        try:
+            rc = proc.wait()
+        finally:
+            with _CHILDREN_LOCK:
+                _CHILDREN.discard(proc)
+    if rc != 0:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        raise RunFailed(what, proc.returncode, lines[-1] if lines else f"see {log}")
+        raise (RunInterrupted if rc in _INTERRUPTED else RunFailed)(what, rc, lines[-1] if lines else f"see {log}")
+
+
+def _interrupt_children() -> None:
+    """SIGINT to every run process still running: each stops at once (its checkpoints keep
+    what it finished) rather than play to its end after the experiment was interrupted."""
+    with _CHILDREN_LOCK:
+        running = list(_CHILDREN)
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
 
 
 def _libc() -> Any:
@@ -412,6 +439,8 @@ def _run_locked(exp: Experiment, *, jobs: int, ray_address: str | None, use_ray:
         try:
             play_run(exp, rec.run, rec)
             rec.state = "done"
+        except RunInterrupted:
+            rec.state = "interrupted"
         except RunFailed as exc:
             rec.state, rec.error = "failed", str(exc)
         finally:
@@ -429,7 +458,15 @@ def _run_locked(exp: Experiment, *, jobs: int, ray_address: str | None, use_ray:
             _run_on_ray(exp, todo, ray_address)
         else:
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                list(pool.map(play, todo))
+                futures = [pool.submit(play, rec) for rec in todo]
+                try:
+                    for future in futures:
+                        future.result()
+                except KeyboardInterrupt:  # stop the running runs too, rather than wait for their ends
+                    for future in futures:
+                        future.cancel()
+                    _interrupt_children()
+                    raise
     finally:
         stop.set()
         if watcher is not None:

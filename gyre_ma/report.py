@@ -53,6 +53,13 @@ class RunResult:
         seen = values[~np.isnan(values)]
         return float(seen[-1]) if seen.size else math.nan
 
+    def first_step(self, key: str) -> float:
+        """Env steps at the first measurement of ``key`` (NaN if never measured)."""
+        if key not in self.metrics or STEPS not in self.metrics:
+            return math.nan
+        seen = np.flatnonzero(~np.isnan(self.metrics[key]))
+        return float(self.metrics[STEPS][seen[0]]) if seen.size else math.nan
+
     def steps_to(self, key: str, level: float, window: int = 1) -> float:
         """Env steps at which ``key`` first reached ``level``, on the curve smoothed over
         ``window`` measured iterations (1: as logged); ``inf`` if it never did."""
@@ -125,15 +132,17 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
                                                               if r.variant == variant and r.state != "done"]}
         for mode in ("sampled", "greedy"):
             entry[f"heldout_{mode}"] = _interval([r.evaluation[mode]["success"] for r in rs], reps, i)
+            entry[f"heldout_{mode}_steps_to_goal"] = _interval(_steps_to_goal(rs, mode), reps, i)
         entry["env_steps"] = _interval([r.final(STEPS) for r in rs], reps, i)
         entry["final"] = {key: _interval([v for r in rs if not math.isnan(v := r.final(key))], reps, i)
                           for key in spec.report.metrics}
         entry["steps_to"] = {}
-        for k, (label, *_) in enumerate(marks):
+        for k, (label, key, *_) in enumerate(marks):
             steps = [reached[r.name][k] for r in rs]
             entry["steps_to"][label] = _interval(steps, reps, i) | {
                 "reached": int(sum(math.isfinite(s) for s in steps)), "median": _finite(np.median(steps))
-                if steps else None}
+                if steps else None,
+                "at_first": int(sum(x == r.first_step(key) for x, r in zip(steps, rs, strict=True)))}
         out["variants"][variant] = entry
     names = [v for v, rs in by_variant.items() if rs]
     for a in names:
@@ -143,6 +152,10 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
             xa = [r.evaluation["sampled"]["success"] for r in by_variant[a]]
             xb = [r.evaluation["sampled"]["success"] for r in by_variant[b]]
             pair: dict[str, Any] = {"heldout_sampled": stats.improvement_interval(xa, xb, reps=reps).as_dict()}
+            la, lb = _steps_to_goal(by_variant[a], "sampled"), _steps_to_goal(by_variant[b], "sampled")
+            if la and lb:  # shorter held-out paths are better: compare negated
+                pair["heldout_sampled steps_to_goal"] = stats.improvement_interval(
+                    [-x for x in la], [-x for x in lb], reps=reps).as_dict()
             for k, (label, *_) in enumerate(marks):  # fewer steps is better: compare negated
                 sa = [-reached[r.name][k] for r in by_variant[a]]
                 sb = [-reached[r.name][k] for r in by_variant[b]]
@@ -150,6 +163,11 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
             out["improvement"][f"{a} > {b}"] = pair
     out["table"] = [_row(r, spec, dict(zip((label for label, *_ in marks), reached[r.name]))) for r in runs]
     return out
+
+
+def _steps_to_goal(runs: Sequence[RunResult], mode: str) -> list[float]:
+    """Each run's held-out mean length of its successful episodes (runs with none left out)."""
+    return [float(v) for r in runs if (v := r.evaluation[mode].get("steps_to_goal")) is not None]
 
 
 def _finite(x: float) -> float | None:
@@ -176,7 +194,11 @@ def write_report(folder: str | Path, *, reps: int | None = None) -> Path:
     folder = Path(folder)
     spec = load_spec(folder)
     runs = collect(folder, spec)  # every run's files, read once
+    _check_metric_names(spec, runs)
     summary = summarize(spec, runs, reps=reps or spec.report.reps)
+    named = {r.name for r in runs}
+    summary["foreign"] = sorted(d.name for d in (folder / "runs").iterdir()
+                                if d.is_dir() and d.name not in named) if (folder / "runs").is_dir() else []
     out = folder / "report"
     out.mkdir(exist_ok=True)
     write_json(out / "report.json", summary)
@@ -184,6 +206,20 @@ def write_report(folder: str | Path, *, reps: int | None = None) -> Path:
     figures = _plots(spec, runs, out)
     write_text(out / "report.md", _markdown(spec, summary, figures))
     return out / "report.md"
+
+
+def _check_metric_names(spec: ExperimentSpec, runs: list[RunResult]) -> None:
+    """A reported metric or threshold no run logged is a misspelt name: one error listing
+    what the runs log (it read "0/2 reached, ∞", as if the runs had failed)."""
+    logged = set().union(*(r.metrics for r in runs))
+    if not logged:
+        return  # nothing run yet: nothing to judge the names by
+    unknown = [k for k in (*spec.report.metrics, *spec.report.thresholds) if k not in logged]
+    if unknown:
+        known, key = sorted(logged), unknown[0]
+        where = "metrics" if key in spec.report.metrics else "thresholds"
+        raise ValueError(f"report.{where}: metric {key!r} is not logged by any run; the runs log "
+                         f"{known[:60]}{' …' if len(known) > 60 else ''}")
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
@@ -208,6 +244,10 @@ def _fmt(cell: dict[str, Any] | None, kind: str, digits: int = 3, scale: str = "
     return f"{num(c['estimate'])} [{num(c['low'])}, {num(c['high'])}]"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
 def _steps(v: float) -> str:
     """An env-step count, short: 950, 12.3k, 1.25M."""
     return f"{v / 1e6:.3g}M" if v >= 1e6 else f"{v / 1e3:.3g}k" if v >= 1e4 else f"{v:.0f}"
@@ -228,48 +268,66 @@ def _budget(spec: ExperimentSpec) -> str:
 def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> str:
     e = spec.evaluation
     lines = [f"# Experiment `{spec.name}`", "",
-             f"Base config `{spec.base}`; {len(spec.variants)} variants × {len(spec.seed_list)} seeds, "
-             f"{_budget(spec)}. {s['done']} of {s['runs']} runs finished and evaluated.",
+             f"Base config `{spec.base}`; {_count(len(spec.variants), 'variant')} × "
+             f"{_count(len(spec.seed_list), 'seed')}, {_budget(spec)}. {s['done']} of {s['runs']} runs finished and "
+             "evaluated.",
              "Every interval is a 95 % stratified-bootstrap interval over runs "
-             f"({s['reps']} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs.", ""]
+             f"({s['reps']} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs"
+             + (" (with fewer than 4 runs a variant's IQM is its mean)." if len(spec.seed_list) < 4 else "."), ""]
+    if s.get("foreign"):
+        lines += [f"**Runs in this folder that `experiment.yaml` does not name (left out; another experiment file of "
+                  f"the same name wrote them):** {', '.join(s['foreign'])}", ""]
     missing = {v: d["missing"] for v, d in s["variants"].items() if d["missing"]}
     if missing:
         lines += ["**Not finished (left out of every table):** "
                   + "; ".join(f"{v}: {', '.join(m)}" for v, m in missing.items()), ""]
     lines += [f"## Held-out evaluation ({e.episodes} episodes per run, task seeds from {e.seed}, "
               f"{e.checkpoint} policy)", "",
-              "| variant | runs | sampled success: mean | IQM | greedy success: mean | IQM | env steps (mean) |",
+              "| variant | runs | sampled success: mean | IQM | greedy success: mean | IQM "
+              "| training env steps (mean) |",
               "|---|---|---|---|---|---|---|"]
     for v, d in s["variants"].items():
         lines.append(f"| {v} | {d['runs']} | {_fmt(d['heldout_sampled'], 'mean')} | {_fmt(d['heldout_sampled'], 'iqm')}"
                      f" | {_fmt(d['heldout_greedy'], 'mean')} | {_fmt(d['heldout_greedy'], 'iqm')}"
                      f" | {_fmt(d['env_steps'], 'mean', scale='k')} |")
+    lines += ["", "Held-out steps to the goal (each run's mean over its successful episodes; fewer is better):", "",
+              "| variant | runs | sampled: mean | IQM | greedy: mean | IQM |", "|---|---|---|---|---|---|"]
+    for v, d in s["variants"].items():
+        sampled, greedy = d["heldout_sampled_steps_to_goal"], d["heldout_greedy_steps_to_goal"]
+        lines.append(f"| {v} | {sampled.get('n', 0)} | {_fmt(sampled, 'mean', 4)} | {_fmt(sampled, 'iqm', 4)}"
+                     f" | {_fmt(greedy, 'mean', 4)} | {_fmt(greedy, 'iqm', 4)} |")
     if spec.report.thresholds:
         lines += ["", "## Env steps to threshold", "",
                   "A run that never reached the level counts as ∞ steps (so an IQM that includes it is ∞)."
                   + (f" A level marked \"{_SMOOTHED.format(spec.report.smooth).strip()}\" is read off each run's "
                      f"curve averaged over {spec.report.smooth} measured iterations centred on each point, so that a "
                      "few lucky held-out episodes do not count as reaching it." if spec.report.smooth > 1 else ""), "",
-                  "| threshold | variant | reached | IQM | mean | median |", "|---|---|---|---|---|---|"]
+                  "| threshold | variant | reached | at the first measurement | IQM | mean | median |",
+                  "|---|---|---|---|---|---|---|"]
         for key in s["variants"][next(iter(s["variants"]))]["steps_to"]:
             for v, d in s["variants"].items():
                 c = d["steps_to"][key]
                 med = "—" if not c.get("n") else ("∞" if c["median"] is None else _steps(c["median"]))
-                lines.append(f"| `{key}` | {v} | {c.get('reached', 0)}/{c.get('n', 0)} | {_fmt(c, 'iqm', scale='k')}"
-                             f" | {_fmt(c, 'mean', scale='k')} | {med} |")
+                lines.append(f"| `{key}` | {v} | {c.get('reached', 0)}/{c.get('n', 0)} | {c.get('at_first', 0)} | "
+                             f"{_fmt(c, 'iqm', scale='k')} | {_fmt(c, 'mean', scale='k')} | {med} |")
+        if any(d["steps_to"][key].get("at_first") for d in s["variants"].values() for key in d["steps_to"]):
+            lines += ["", "A run counted \"at the first measurement\" reached the level before learning could show: "
+                      "its steps say how long the first iteration was, not how fast it learned."]
     lines += ["", "## Final value of each reported metric (last measured iteration)", "",
-              "| metric | variant | runs | mean | IQM |", "|---|---|---|---|---|"]
+              "`validation/*` metrics are measured on held-out validation seeds; the others on training episodes.",
+              "", "| metric | variant | runs | mean | IQM |", "|---|---|---|---|---|"]
     for key in spec.report.metrics:
         for v, d in s["variants"].items():
             c = d["final"][key]
             lines.append(f"| `{key}` | {v} | {c.get('n', 0)} | {_fmt(c, 'mean')} | {_fmt(c, 'iqm')} |")
     if s["improvement"]:
-        keys = list(next(iter(s["improvement"].values())))
+        keys = list(dict.fromkeys(k for d in s["improvement"].values() for k in d))
         lines += ["", "## Probability of improvement", "",
-                  "P(a run of X beats a run of Y), ties half; on steps-to-threshold fewer steps is better.", "",
-                  "| X > Y | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+                  "P(a run of X beats a run of Y), ties half; on steps to the goal or to a threshold fewer steps is "
+                  "better.", "", "| X > Y | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
         for pair, d in s["improvement"].items():
-            cells = [f"{c['estimate']:.2f} [{c['low']:.2f}, {c['high']:.2f}]" for c in d.values()]
+            cells = [f"{c['estimate']:.2f} [{c['low']:.2f}, {c['high']:.2f}]" if (c := d.get(k)) else "—"
+                     for k in keys]
             lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     if figures:
         lines += ["", "## Learning curves", "", "IQM over runs against env steps; the band is its 95 % interval.", ""]
@@ -307,7 +365,7 @@ def _plots(spec: ExperimentSpec, runs: list[RunResult], out: Path) -> list[str]:
             drawn = True
         if drawn:
             ax.set_xlabel("env steps")
-            ax.set_ylabel(f"{key} (IQM)")
+            ax.set_ylabel(f"{key} (IQM{', the mean with < 4 runs' if len(spec.seed_list) < 4 else ''})")
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
             fig.tight_layout()

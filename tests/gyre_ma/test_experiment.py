@@ -127,6 +127,29 @@ def test_a_killed_experiment_loses_no_finished_run_and_resumes_the_others(tmp_pa
     assert kept_eval == _digest(first / "eval.json")
 
 
+def test_ctrl_c_stops_the_running_runs_says_what_was_kept_and_a_rerun_resumes(tmp_path):
+    """SIGINT to the experiment alone let its running runs play to their ends; Ctrl-C (the
+    whole group) ended in a traceback, with the interrupted runs shown as failed."""
+    path = _experiment(tmp_path, seeds=1, iterations=60)
+    folder = tmp_path / "root" / "tiny_grid"
+    proc = subprocess.Popen([sys.executable, "-m", "gyre_ma.cli", "experiment", str(path), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = folder / "runs" / "anchored-s0"
+    deadline = time.time() + 240
+    while time.time() < deadline and run_state(first) != "partial":
+        time.sleep(0.05)
+    assert run_state(first) == "partial", proc.stderr.read() if proc.poll() is not None else "timed out"
+    proc.send_signal(signal.SIGINT)  # the experiment's process only, not its runs'
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().endswith("gyre-ma experiment: interrupted; finished runs are kept, and a rerun resumes the "
+                                "others from their checkpoints") and "Traceback" not in err, err
+    assert subprocess.run(["pgrep", "-f", str(first)], capture_output=True, text=True).stdout.strip() == ""
+    assert run_state(first) == "partial"  # stopped mid-way: nowhere near its 60 iterations
+    log = (folder / "logs" / "anchored-s0.log").read_text()
+    assert "gyre-ma train: interrupted; the run keeps every iteration it completed" in log and "Traceback" not in log
+
+
 def test_a_run_killed_before_its_first_latest_checkpoint_starts_over(tmp_path):
     """gyre-ma resumes from the ``latest`` slot only. A run killed after it saved its first
     ``best`` (validation) but before its first ``latest`` used to count as resumable, and the
@@ -363,3 +386,44 @@ def test_the_report_reads_steps_to_threshold_off_the_smoothed_curve_beside_the_r
     with pytest.raises(ValueError, match="smooth"):
         ExperimentSpec.model_validate({"name": "s", "base": "b.yaml", "variants": {"a": {}},
                                        "budget": {"iterations": 1}, "report": {"smooth": 4}})
+
+
+def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_and_foreign_runs(tmp_path):
+    """On a task every policy completes (a user's warehouse), the report showed held-out
+    success alone (1.0 everywhere), a threshold reached at iteration 0 as if learned, a
+    misspelt metric as "0/2 reached, ∞", and said nothing of runs another file left there."""
+    import numpy as np
+    import yaml
+
+    from gyre_ma.experiment import EVAL_FILE, ExperimentSpec
+    from gyre_ma.report import write_report
+
+    spec = {"name": "paths", "base": "b.yaml", "variants": {"short": {}, "long": {}}, "seeds": 2,
+            "budget": {"iterations": 3}, "report": {"metrics": ["validation/sampled_success"],
+                                                     "thresholds": {"validation/sampled_success": 1.0}, "reps": 200}}
+    folder = tmp_path / "paths"
+    for variant, base in (("short", 90.0), ("long", 130.0)):
+        for seed in (0, 1):
+            run = folder / "runs" / f"{variant}-s{seed}"
+            run.mkdir(parents=True)
+            (run / "metrics.csv").write_text("iteration,env_steps,validation/sampled_success\n"
+                                             "0,100,1.0\n1,200,1.0\n2,300,1.0\n")
+            evaluation = {mode: {"success": 1.0, "ci95": [0.9, 1.0], "episode_length": base + seed + shift,
+                                 "steps_to_goal": base + seed + shift}
+                          for mode, shift in (("sampled", 5.0), ("greedy", 0.0))}
+            (run / EVAL_FILE).write_text(json.dumps(evaluation))
+    (folder / "runs" / "other-s0").mkdir()
+    (folder / "experiment.yaml").write_text(yaml.safe_dump(ExperimentSpec.model_validate(spec).model_dump()))
+    report = write_report(folder).read_text()
+    assert "| short | 2 | 95.5 [95, 96] |" in report and "| long | 2 | 135.5 [135, 136] |" in report, report
+    assert "| short > long | 0.50 [0.50, 0.50] | 1.00 [1.00, 1.00] |" in report  # success ties; paths decide
+    assert "| `validation/sampled_success>=1` | short | 2/2 | 2 |" in report and "before learning could show" in report
+    assert "does not name (left out; another experiment file of the same name wrote them):** other-s0" in report
+    summary = json.loads((folder / "report" / "report.json").read_text())
+    assert np.isclose(summary["variants"]["long"]["heldout_greedy_steps_to_goal"]["mean"]["estimate"], 130.5)
+    spec["report"]["thresholds"] = {"validation/sampled_sucess": 1.0}
+    (folder / "experiment.yaml").write_text(yaml.safe_dump(ExperimentSpec.model_validate(spec).model_dump()))
+    with pytest.raises(ValueError, match=r"report.thresholds: metric 'validation/sampled_sucess' is not logged by "
+                                         r"any run; the runs log \['env_steps', 'iteration', "
+                                         r"'validation/sampled_success'\]"):
+        write_report(folder)

@@ -81,7 +81,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 else "upkeep" if opt.milestone is None else "one-shot")
         starts = ("—" if opt.initiation is None  # __name__: what a factory names the closures it makes
                   else getattr(opt.initiation, "__name__", type(opt.initiation).__name__))
-        table.add_row(opt.name, opt.milestone or "—", kind, str(opt.max_steps), "yes" if opt.exclusive else "—", starts)
+        exclusive = {1: "yes", None: "—"}.get(opt.capacity, f"≤ {opt.capacity} agents")
+        table.add_row(opt.name, opt.milestone or "—", kind, str(opt.max_steps), exclusive, starts)
     console.print(table)
     console.print(
         f"task graph: {len(graph)} milestones, goals {list(graph.goals)}; "

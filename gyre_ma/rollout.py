@@ -286,7 +286,7 @@ def play_episode(
 
     At each step every live agent between options gets one decision, in ``env.agents``
     order, seeing the options the others run (those just chosen included; an
-    ``exclusive`` option one of them runs is not eligible); then every
+    ``exclusive`` option that as many of them run as it allows is not eligible); then every
     agent's option emits one primitive action. A sub-policy that returns
     :data:`~gyre_ma.options.option.CANNOT_PROCEED` ends its call there, without a step,
     and its agent decides again (that option set aside until the next step). An agent
@@ -326,7 +326,7 @@ def play_episode(
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
     last_end: dict[str, Termination | None] = {a: None for a in env.possible_agents}
     hooks = list(on_option_end)
-    exclusive = [opt.exclusive for opt in library]
+    capacity = [opt.capacity for opt in library]
     asks_state = library.asks_state
     attribute = getattr(env, "milestone_agent", None)
     attribute = attribute if callable(attribute) else None
@@ -350,7 +350,7 @@ def play_episode(
             mask[list(set_aside)] = False
         others = tuple(r.call.option for b in env.agents if b != agent and (r := running.get(b)) is not None)
         for option in others:
-            if exclusive[option]:
+            if (most := capacity[option]) is not None and (most == 1 or others.count(option) >= most):
                 mask[option] = False
         if not np.count_nonzero(mask):  # ndarray.any costs four times as much on a mask this small
             return None

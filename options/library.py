@@ -293,7 +293,7 @@ class OptionLibrary:
             if opt.repeatable:
                 entry["repeatable"] = True
             if opt.exclusive:
-                entry["exclusive"] = True
+                entry["exclusive"] = opt.exclusive
             if opt.description:
                 entry["description"] = opt.description
             options.append(entry)

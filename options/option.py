@@ -143,7 +143,8 @@ class Option:
 
     An ``exclusive`` option is run by one agent at a time: while another agent runs it
     (or chose it earlier in the same step), it is not eligible (a target, a station, a
-    door only one agent should head for).
+    door only one agent should head for). ``exclusive: k`` (an int >= 1) allows k agents
+    at once (a station with k units to fetch).
 
     ``features`` describes the option as the deciding agent sees it: a function of that
     agent's observation (what the manager sees) returning a 1-D array of floats, the same
@@ -164,8 +165,8 @@ class Option:
     max_steps: int = 200
     repeatable: bool = False
     description: str = ""
-    exclusive: bool = False
-    """Not eligible while another agent runs it."""
+    exclusive: bool | int = False
+    """Not eligible while another agent runs it (True), or while k others do (an int k)."""
     features: Callable[[Any], Any] | None = None
     """Observation → this option's features (a 1-D float array); see above."""
 
@@ -181,9 +182,11 @@ class Option:
         for what in ("initiation", "done", "failure"):
             _check_callable(self.name, what, getattr(self, what))
         _check_callable(self.name, "features", self.features, takes="the deciding agent's observation")
-        for flag in ("repeatable", "exclusive"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"option {self.name!r}: {flag} must be true or false, got {getattr(self, flag)!r}")
+        if not isinstance(self.repeatable, bool):
+            raise ValueError(f"option {self.name!r}: repeatable must be true or false, got {self.repeatable!r}")
+        if not isinstance(self.exclusive, bool) and not (isinstance(self.exclusive, int) and self.exclusive >= 1):
+            raise ValueError(f"option {self.name!r}: exclusive must be true, false or how many agents may run it "
+                             f"at once (an int >= 1), got {self.exclusive!r}")
         has_done = self.done is not None or (is_behaviour(self.policy) and _defines_done(self.policy))
         if self.repeatable and not has_done and self.milestone is None:
             raise ValueError(
@@ -194,6 +197,13 @@ class Option:
             raise ValueError(
                 f"option {self.name!r}: an option without a milestone needs a 'done' predicate"
             )
+
+    @property
+    def capacity(self) -> int | None:
+        """How many agents may run it at once (None: any number)."""
+        if isinstance(self.exclusive, bool):
+            return 1 if self.exclusive else None
+        return self.exclusive
 
     @functools.cached_property
     def restores(self) -> bool:

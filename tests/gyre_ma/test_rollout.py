@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gyre_ma.agents.baselines import RandomManager
@@ -185,8 +186,34 @@ def test_an_exclusive_option_another_agent_runs_is_not_eligible():
     assert not library[stay].exclusive and all(library[o].exclusive for o in go_to)
     again = OptionLibrary.from_spec(library.to_spec())
     assert [o.exclusive for o in again] == [o.exclusive for o in library]
-    with pytest.raises(ValueError, match="exclusive must be true or false"):
-        Option("bad", lambda ctx: 0, milestone=None, done=lambda ctx: True, exclusive="yes")
+    for bad in ("yes", 0, -1, 1.5):
+        with pytest.raises(ValueError, match=r"exclusive must be true, false or how many agents may run it at once"):
+            Option("bad", lambda ctx: 0, milestone=None, done=lambda ctx: True, exclusive=bad)
+
+
+def test_an_option_exclusive_to_k_agents_is_open_until_k_others_run_it():
+    """A station with two units to fetch: two robots may head for it at once, a third not
+    (exclusivity was one agent at a time, so a user's warehouse robots waited)."""
+    from gyre_ma.envs.coverage.options import make_library
+    from gyre_ma.envs.coverage_v0 import parallel_env
+
+    env = parallel_env(n_agents=4, size=9)
+    library = make_library(env=env)
+    stay = library.index("stay")
+    shared = OptionLibrary.from_spec(library.to_spec() | {"options": [
+        o | {"exclusive": 2} if o["name"] == "stay" else o for o in library.to_spec()["options"]]})
+    assert shared[stay].exclusive == 2 and shared[stay].capacity == 2 and library[stay].capacity is None
+    seen = []
+
+    class AllStay(RandomManager):
+        def decide(self, decisions):
+            d = decisions[0]
+            seen.append((d.agent, bool(d.mask[stay])))
+            return [Choice(stay if d.mask[stay] else int(np.flatnonzero(d.mask)[0]))]
+
+    run_episode(env, shared, AllStay(0), seed=3)
+    assert seen[:4] == [("agent_0", True), ("agent_1", True), ("agent_2", False), ("agent_3", False)]
+    assert OptionLibrary.from_spec(shared.to_spec())[stay].exclusive == 2  # dumped and read back
 
 
 def test_manager_hooks_run_at_episode_start_and_at_each_option_end():

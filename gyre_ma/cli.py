@@ -30,7 +30,8 @@ class UsageError(ValueError):
     """A mistake in how the command was called."""
 
 
-def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]:
+def _load_library_and_config(source: str, overrides: dict[str, Any] | None = None,
+                             ) -> tuple[Any, ExperimentConfig | None]:
     """A config YAML, a library YAML, or ``module:callable`` → (OptionLibrary, config). A
     config's env, its library (on the env's milestones), oracle or scripted manager and
     rules are built too, so that a config that loads here cannot fail on them in ``train``."""
@@ -44,7 +45,7 @@ def _load_library_and_config(source: str) -> tuple[Any, ExperimentConfig | None]
         data = read_yaml(path, "file", UsageError)
         if isinstance(data, dict) and "options" in data and "graph" in data:  # a library alone: no values for
             return OptionLibrary.from_spec(fill_variables(data, {}, where=path.name), where=path.name), None  # ${x}
-        config = load_config(path)
+        config = load_config(path, overrides)
         env = make_env(config.env.id, **config.env.kwargs)
         library = make_library(config.env.id, env, config.library, config.library_kwargs)
         if config.manager.kind in ("oracle", "scripted"):
@@ -70,7 +71,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                       f"{len(exp.spec.seed_list)} seeds) on {exp.base}; folder {exp.folder}", markup=False,
                       soft_wrap=True)
         args.source = str(exp.base)  # and the base config's library and graph below
-    library, config = _load_library_and_config(args.source)
+    library, config = _load_library_and_config(args.source, set_overrides(args.set))
     graph = library.graph
     length, path = graph.critical_path()
     table = Table(title=f"option library {library.name!r}: {len(library)} options")
@@ -420,6 +421,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
     table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}{_ci_text(length_ci)}")
     table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
+    if "llm/requests" in metrics:
+        table.add_row("LLM sub-policy requests per episode", f"{metrics['llm/requests']:.1f}")
+        table.add_row("  unusable outputs (invalid) / fallback actions",
+                      f"{metrics['llm/invalid_share']:.1%} / {metrics['llm/fallback_share']:.1%}")
     for m in names:
         table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
     for key in sorted(k for k in metrics if k.startswith("reward/")):
@@ -615,6 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--play", type=int, default=2, metavar="N",
                    help="with a config: play N seeded episodes of its env by a random order of its options, each "
                         "replayed for determinism, every reset and step checked (default 2; 0: validate only)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted), as train does")
     p = sub.add_parser("graph", help="draw a library's task graph")
     p.add_argument("source", help="config YAML, library YAML, or module:callable")
     p.add_argument("--out", default="graph.png", help="output .png or .dot")

@@ -47,6 +47,11 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
     if tools:
         out["tool_calls"] = float(np.mean(tools))
+    requests = sum(t.llm_requests for t in trajectories)
+    if requests:  # LLM-backed sub-policies: per episode, and the unusable outputs' share of the requests
+        out["llm/requests"] = requests / n
+        out["llm/invalid_share"] = sum(t.llm_invalid for t in trajectories) / requests
+        out["llm/fallback_share"] = sum(t.llm_fallbacks for t in trajectories) / requests
     for m in milestones:
         out[f"milestone/{m}"] = sum(m in t.milestone_steps for t in trajectories) / n
     return out

@@ -24,7 +24,8 @@ def read_yaml(path: str | Path, what: str, error: type[ValueError] = ValueError)
     naming ``what`` and the file (the parser's first line says where)."""
     p = Path(path)
     if not p.is_file():
-        raise error(f"{what} {str(p)!r} does not exist")
+        relative = "" if p.is_absolute() else f" (a relative path is read from the current folder, {str(Path.cwd())!r})"
+        raise error(f"{what} {str(p)!r} does not exist{relative}")
     size = p.stat().st_size
     if size > MAX_BYTES:
         raise error(f"{what} {str(p)!r} is {size:,} bytes; a YAML file of at most {MAX_BYTES:,} is read")

@@ -98,6 +98,23 @@ class DecisionText:
         return texts
 
 
+def _distinct_names(names: Sequence[str], tokens: Sequence[Sequence[int]], tokenizer: Any, source: str) -> None:
+    """Options whose names the tokenizer reads as the same tokens (every word of them
+    unknown, say) get the same score whatever the weights: the manager trains on and
+    learns nothing between them (entropy at ln 2 throughout). One error naming them."""
+    seen: dict[tuple[int, ...], str] = {}
+    for name, ids in zip(names, tokens, strict=True):
+        other = seen.setdefault(tuple(ids), name)
+        if other != name:
+            unknown = getattr(tokenizer, "unk_token_id", None)
+            why = " (every word of them the unknown token)" if unknown is not None and set(ids) == {unknown} else ""
+            raise ValueError(f"manager.llm: the model's tokenizer ({source}) reads options {other!r} and {name!r} as "
+                             f"the same tokens {list(ids)}{why}, so the manager could never tell them apart; use a "
+                             "model whose vocabulary covers the option names (build one from config: manager.llm."
+                             "build, or gyre_ma.llm.tiny.build_tiny_model over "
+                             "DecisionText(library).vocabulary(library, agents))")
+
+
 class LLMManagerPolicy(nn.Module):
     """A causal LM over the eligible options: the logit of option k is the summed
     log-probability of its name's tokens after the prompt; ineligible options are masked."""
@@ -114,6 +131,7 @@ class LLMManagerPolicy(nn.Module):
         _, (tails,) = scoring_tokens(tokenizer, self.start, [CUE], [[f" {n}" for n in text.names]])
         self.names = [list(t) for t in tails]
         """Each option's name as tokens, as they follow :data:`CUE`."""
+        _distinct_names(text.names, self.names, tokenizer, source)
         self.single = all(len(t) == 1 for t in self.names)
         """Every name one token: one forward pass per prompt scores them all."""
         self.register_buffer("name_tokens", torch.tensor([t[0] for t in self.names], dtype=torch.long),

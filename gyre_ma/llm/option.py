@@ -22,6 +22,7 @@ Called directly (``policy(ctx)``), it answers its own request alone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -217,6 +218,10 @@ def shared_engine(kind: str, model: str, device: str = "cpu") -> LLMEngine:
     return _ENGINES[key]
 
 
+_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+"""A ``module:callable`` reference, as a YAML entry writes one."""
+
+
 def policy_from_spec(spec: Any, *, name: str, milestone: str | None, graph: Any, where: str) -> LLMPolicy:
     """An option library entry's ``llm:`` mapping → its :class:`LLMPolicy`:
 
@@ -235,9 +240,9 @@ def policy_from_spec(spec: Any, *, name: str, milestone: str | None, graph: Any,
     if "model" not in spec or "actions" not in spec:
         raise ValueError(f"{where}: 'model' (a local model directory) and 'actions' are required")
 
-    def ref(key: str) -> Any:
+    def ref(key: str) -> Any:  # a module:callable reference; any other string is itself (a fallback "note: key")
         value = spec.get(key)
-        return resolve(value, f"{where}.{key}") if isinstance(value, str) and ":" in value else value
+        return resolve(value, f"{where}.{key}") if isinstance(value, str) and _REFERENCE.match(value) else value
 
     actions = ref("actions")
     if not callable(actions) and not (isinstance(actions, list) and actions):
@@ -245,12 +250,13 @@ def policy_from_spec(spec: Any, *, name: str, milestone: str | None, graph: Any,
     description = spec.get("description")
     if description is None and milestone is not None and milestone in graph:
         description = graph.milestone(milestone).description or milestone
+    render, to_action, fallback = ref("render"), ref("to_action"), ref("fallback")  # their errors name themselves
     try:
         engine = shared_engine(str(spec.get("engine", "transformers")), str(spec["model"]),
                                str(spec.get("device", "cpu")))
         return LLMPolicy(engine, actions=actions, description=description or name, milestone=milestone,
                          template=spec.get("template", DEFAULT_TEMPLATE), mode=spec.get("mode", "score"),
-                         render=ref("render"), to_action=ref("to_action"), fallback=ref("fallback"),
+                         render=render, to_action=to_action, fallback=fallback,
                          retries=int(spec.get("retries", 2)), temperature=float(spec.get("temperature", 0.0)),
                          max_new_tokens=int(spec.get("max_new_tokens", 16)), stop=tuple(spec.get("stop", ("\n",))),
                          name=name)

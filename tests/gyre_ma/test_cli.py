@@ -200,3 +200,12 @@ def test_eval_plays_a_config_whose_manager_does_not_learn_without_a_run(tmp_path
     assert main(["eval", str(learned)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"its run directory '{tmp_path / 'learned'}' does not exist; train it first (gyre-ma train {learned})" in err
+
+
+def test_check_takes_set_overrides_as_train_does(capsys):
+    """README's Configuration presents --set as every command's; check refused it."""
+    quickstart = str(Path(__file__).parents[2] / "configs" / "quickstart.yaml")
+    assert main(["check", quickstart, "--play", "0", "--set", "train.lr=-1"]) == 2
+    assert "'train.lr': Input should be greater than 0 (got -1)" in capsys.readouterr().err
+    assert main(["check", quickstart, "--play", "1", "--set", "env.kwargs.goal=make_wood_pickaxe"]) == 0
+    assert "goals ['make_wood_pickaxe'] reached" in " ".join(capsys.readouterr().out.split())

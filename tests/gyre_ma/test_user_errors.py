@@ -472,3 +472,10 @@ def test_a_users_library_factory_is_given_the_env_it_is_built_for_when_it_asks(t
     assert make_library("coverage_v0", env, "userlib:make").name == "mine:CoverageEnv:2"
     assert make_library("coverage_v0", env, "userlib:make", {"prefix": "p"}).name == "p:CoverageEnv:2"
     assert make_library("coverage_v0", make_env("coverage_v0"), "userlib:plain").name  # asks for nothing: given nothing
+
+
+def test_a_missing_relative_library_file_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"library file 'lib.yaml' does not exist \(a relative path is read from the "
+                                         rf"current folder, '{re.escape(str(tmp_path))}'\)"):
+        OptionLibrary.load("lib.yaml")

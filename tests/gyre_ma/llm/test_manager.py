@@ -58,6 +58,18 @@ def _policy(tmp_path, names):
     return LLMManagerPolicy._load(path, text, 200, str(path)), path
 
 
+def test_option_names_the_tokenizer_cannot_tell_apart_are_refused(tmp_path):
+    """A user's model whose vocabulary lacked the option names: each read as [UNK], every
+    option scored alike, and the manager trained for nothing (entropy ln 2 throughout)."""
+    library = _library(["left", "right", "wait"])
+    text = DecisionText(library)
+    path = build_tiny_model(tmp_path / "m", ["take key", "go north", *CUE.split()], layers=1, width=16)
+    with pytest.raises(ValueError, match=r"manager.llm: the model's tokenizer \(.*m\) reads options 'left' and "
+                                         r"'right' as the same tokens \[\d+\] \(every word of them the unknown "
+                                         r"token\), so the manager could never tell them apart"):
+        LLMManagerPolicy._load(path, text, 200, str(path))
+
+
 @pytest.mark.parametrize("single", [True, False], ids=["one pass per prompt", "one row per eligible option"])
 def test_an_options_logit_is_the_log_probability_of_its_name_and_ineligible_ones_are_zero(tmp_path, single):
     names = ["left", "right", "wait"]

@@ -67,6 +67,14 @@ def test_a_generating_option_retries_unusable_output_then_falls_back(model_dir):
     # each step: its attempts are its requests; all but the last invalid, or all when it fell back
     assert traj.llm_requests == traj.llm_invalid + steps - traj.llm_fallbacks
     assert traj.llm_invalid >= 3 * traj.llm_fallbacks
+    from gyre_ma.metrics import episode_metrics  # they reach metrics.csv, the summary and gyre-ma eval
+
+    metrics = episode_metrics([traj, traj], ())
+    assert metrics["llm/requests"] == traj.llm_requests
+    assert metrics["llm/invalid_share"] == traj.llm_invalid / traj.llm_requests
+    assert metrics["llm/fallback_share"] == traj.llm_fallbacks / traj.llm_requests
+    assert "llm/requests" not in episode_metrics([run_episode(make_env("coverage_v0"), _library(lambda ctx: 0),
+                                                              RandomManager(0), seed=3)], ())
     with pytest.raises(ValueError, match="mode 'generate' needs a fallback"):
         LLMPolicy(engine, actions=MOVES, mode="generate")
     with pytest.raises(ValueError, match="unknown field"):
@@ -152,3 +160,14 @@ def test_yaml_mistakes_in_an_llm_option_are_named(tmp_path, model_dir):
         Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm", "llm": {"model": "gpt2", "actions": ["a"]}}]})
     with pytest.raises(ValueError, match=r"options\[0\]: 'llm' is for options of kind 'llm'"):
         Lib.from_spec(base | {"options": [{"name": "w", "policy": "a:b", "llm": {}}]})
+    llm = {"model": str(model_dir), "actions": ["a", "b"], "mode": "generate"}
+    with pytest.raises(ValueError) as info:  # named once, not "...llm: ...llm.render: ..."
+        Lib.from_spec(base | {"options": [{"name": "w", "kind": "llm",
+                                           "done": "gyre_ma.envs.coverage.options:stay_done",
+                                           "llm": llm | {"render": "math:no_such", "fallback": "a"}}]})
+    assert str(info.value).count("options[0].llm") == 1 and "llm.render: module 'math' has no attribute" in str(
+        info.value)
+    from gyre_ma.llm.option import policy_from_spec
+
+    policy = policy_from_spec(llm | {"fallback": "note: key"}, name="w", milestone=None, graph=None, where="w.llm")
+    assert policy.fallback == "note: key"  # an action text with a colon, not an import

@@ -66,6 +66,10 @@ class LLMBuildConfig(_Section):
     seed: int = 0
     """Seed of the initial weights: the same model for every run seed, as a model loaded
     from a directory would be (the run seed varies tasks, sampling and minibatches)."""
+    vocabulary: list[str] = Field(default_factory=list)
+    """More words for the built model's vocabulary: those ``manager.llm.render`` writes
+    (the built vocabulary holds the prompt's own words, the options' names and descriptions,
+    and no others: any other word reads as unknown)."""
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> LLMBuildConfig:

@@ -90,8 +90,8 @@ class DecisionText:
         return "\n".join(lines)
 
     def vocabulary(self, library: OptionLibrary, agents: Sequence[str]) -> list[str]:
-        """Every word a prompt of this view can hold (but those of ``render``): the
-        vocabulary of a model built from config."""
+        """Every word a prompt of this view can hold (but those of ``render``, which
+        ``manager.llm.build.vocabulary`` adds): the vocabulary of a model built from config."""
         texts = [CUE, "task verified last others options agent time none / : ; ,", *agents,
                  *(str(i) for i in range(TIME_BINS + 1)), *self.names, *library.graph.names, self.goals]
         texts += self.descriptions or []
@@ -159,7 +159,8 @@ class LLMManagerPolicy(nn.Module):
 
         b = config.build
         with tempfile.TemporaryDirectory(prefix="gyre-llm-manager-") as tmp:
-            path = build_tiny_model(tmp, text.vocabulary(library, agents), layers=b.layers, width=b.width,
+            path = build_tiny_model(tmp, [*text.vocabulary(library, agents), *b.vocabulary], layers=b.layers,
+                                    width=b.width,
                                     heads=b.heads, context=b.context, seed=b.seed)
             return cls._load(path, text, config.max_prompt_tokens, "manager.llm.build")
 

@@ -70,6 +70,21 @@ def test_option_names_the_tokenizer_cannot_tell_apart_are_refused(tmp_path):
         LLMManagerPolicy._load(path, text, 200, str(path))
 
 
+def test_a_built_manager_model_knows_the_words_build_vocabulary_adds():
+    """``render`` writes words the built vocabulary lacked: a user's room descriptions read
+    as unknown tokens. ``build.vocabulary`` adds them; without it the model is as before."""
+    from gyre_ma.config import LLMManagerConfig
+
+    library = _library(["left", "right", "wait"])
+    plain = LLMManagerPolicy.from_config(LLMManagerConfig(build={"layers": 1, "width": 16}), library, ["a0"])
+    more = LLMManagerPolicy.from_config(
+        LLMManagerConfig(build={"layers": 1, "width": 16, "vocabulary": ["You are in the hall"]}), library, ["a0"])
+    unknown = plain.tokenizer.unk_token_id
+    assert plain.tokenizer.convert_tokens_to_ids("hall") == unknown
+    assert more.tokenizer.convert_tokens_to_ids("hall") != unknown
+    assert more.tokenizer.convert_tokens_to_ids("left") != unknown
+
+
 @pytest.mark.parametrize("single", [True, False], ids=["one pass per prompt", "one row per eligible option"])
 def test_an_options_logit_is_the_log_probability_of_its_name_and_ineligible_ones_are_zero(tmp_path, single):
     names = ["left", "right", "wait"]

@@ -15,7 +15,7 @@ WAREHOUSE = Path(__file__).parents[1] / "examples" / "warehouse"
 
 
 def _gyre_ma(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    program = shutil.which("gyre-ma")
+    program = shutil.which("gyre-ma", path=str(Path(sys.executable).parent)) or shutil.which("gyre-ma")
     assert program is not None, "the gyre-ma console script is installed with the package"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([sys.executable, program, *args], cwd=cwd, env=env, capture_output=True, text=True,

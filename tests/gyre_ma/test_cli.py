@@ -166,7 +166,7 @@ def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_pa
     import os
     import shutil
 
-    program = shutil.which("gyre-ma")
+    program = shutil.which("gyre-ma", path=str(Path(sys.executable).parent)) or shutil.which("gyre-ma")
     assert program is not None, "the gyre-ma console script is installed with the package"
     (tmp_path / "my_tasks.py").write_text("from gyre_ma.envs.coverage.coverage import CoverageEnv\n\n\n"
                                           "def make():\n    return CoverageEnv()\n")

@@ -72,11 +72,17 @@ class Budget(_Spec):
     ``train.iterations`` (e.g. a baseline at 10x the budget)."""
 
 
+class AtMost(_Spec):
+    at_most: float = Field(allow_inf_nan=False)
+    """The level a metric reaches by falling to it (a mean episode length, a loss)."""
+
+
 class ReportSpec(_Spec):
     metrics: list[str] = Field(default_factory=lambda: ["validation/sampled_success", "validation/greedy_success"])
     """``metrics.csv`` columns whose learning curves and final values are reported."""
-    thresholds: dict[str, float] = Field(default_factory=dict)
-    """Metric → level: the env steps at which each run first reached it (steps-to-threshold)."""
+    thresholds: dict[str, float | AtMost] = Field(default_factory=dict)
+    """Metric → level: the env steps at which each run first reached it (steps-to-threshold);
+    a number is reached by rising to it (success), ``{at_most: x}`` by falling to x (length)."""
     reps: int = Field(2000, ge=100, le=100_000)
     """Bootstrap resamples of every interval."""
     smooth: int = Field(1, ge=1, le=101)

@@ -60,20 +60,27 @@ class RunResult:
         seen = np.flatnonzero(~np.isnan(self.metrics[key]))
         return float(self.metrics[STEPS][seen[0]]) if seen.size else math.nan
 
-    def steps_to(self, key: str, level: float, window: int = 1) -> float:
-        """Env steps at which ``key`` first reached ``level``, on the curve smoothed over
-        ``window`` measured iterations (1: as logged); ``inf`` if it never did."""
+    def steps_to(self, key: str, level: float, window: int = 1, at_most: bool = False) -> float:
+        """Env steps at which ``key`` first reached ``level`` (rose to it, or with ``at_most``
+        fell to it), on the curve smoothed over ``window`` measured iterations (1: as
+        logged); ``inf`` if it never did."""
         if key not in self.metrics or STEPS not in self.metrics:
             return math.inf
-        return stats.steps_to_threshold(self.metrics[STEPS], stats.centred_mean(self.metrics[key], window), level)
+        return stats.steps_to_threshold(self.metrics[STEPS], stats.centred_mean(self.metrics[key], window), level,
+                                        at_most=at_most)
 
 
-def thresholds(spec: ExperimentSpec) -> list[tuple[str, str, float, int]]:
-    """Each steps-to-threshold the report gives, as (label, metric, level, window): every
-    threshold on the logged curve and, with ``report.smooth`` > 1, on the smoothed one."""
+def thresholds(spec: ExperimentSpec) -> list[tuple[str, str, float, int, bool]]:
+    """Each steps-to-threshold the report gives, as (label, metric, level, window, at_most):
+    every threshold on the logged curve and, with ``report.smooth`` > 1, on the smoothed one."""
     windows = [1] + ([spec.report.smooth] if spec.report.smooth > 1 else [])
-    return [(f"{key}>={level:g}" + (_SMOOTHED.format(w) if w > 1 else ""), key, level, w)
-            for key, level in spec.report.thresholds.items() for w in windows]
+    out = []
+    for key, bound in spec.report.thresholds.items():
+        at_most = not isinstance(bound, (int, float))
+        level = float(bound.at_most if at_most else bound)
+        out += [(f"{key}{'<=' if at_most else '>='}{level:g}" + (_SMOOTHED.format(w) if w > 1 else ""), key, level,
+                 w, at_most) for w in windows]
+    return out
 
 
 def load_spec(folder: Path) -> ExperimentSpec:
@@ -123,7 +130,8 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
     done = [r for r in runs if r.state == "done"]
     marks = thresholds(spec)
     # per run, the env steps at each threshold (in ``marks`` order), read off its curves once
-    reached = {r.name: [r.steps_to(key, level, window) for _, key, level, window in marks] for r in runs}
+    reached = {r.name: [r.steps_to(key, level, window, at_most) for _, key, level, window, at_most in marks]
+               for r in runs}
     by_variant = {v: [r for r in done if r.variant == v] for v in spec.variants}
     out: dict[str, Any] = {"name": spec.name, "runs": len(runs), "done": len(done), "reps": reps,
                            "variants": {}, "improvement": {}}

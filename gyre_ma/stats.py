@@ -117,13 +117,15 @@ def improvement_interval(x: np.ndarray, y: np.ndarray, *, reps: int = 2000, conf
     return Interval(probability_of_improvement(a, b), low, high)
 
 
-def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float) -> float:
-    """The first of ``steps`` at which ``values`` reached ``threshold`` (NaN values — not
-    measured at that point — skipped); ``inf`` if they never did."""
+def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float, *, at_most: bool = False) -> float:
+    """The first of ``steps`` at which ``values`` reached ``threshold`` — rose to it, or with
+    ``at_most`` fell to it (NaN values — not measured at that point — skipped); ``inf`` if
+    they never did."""
     s, v = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
     if s.shape != v.shape or s.ndim != 1:
         raise ValueError(f"steps and values must be 1-d and the same length, got {s.shape} and {v.shape}")
-    hit = np.flatnonzero(np.nan_to_num(v, nan=-np.inf) >= threshold)
+    hit = np.flatnonzero(np.nan_to_num(v, nan=np.inf) <= threshold if at_most
+                         else np.nan_to_num(v, nan=-np.inf) >= threshold)
     return float(s[hit[0]]) if hit.size else float("inf")
 
 

@@ -400,14 +400,17 @@ def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_an
 
     spec = {"name": "paths", "base": "b.yaml", "variants": {"short": {}, "long": {}}, "seeds": 2,
             "budget": {"iterations": 3}, "report": {"metrics": ["validation/sampled_success"],
-                                                     "thresholds": {"validation/sampled_success": 1.0}, "reps": 200}}
+                                                     "thresholds": {"validation/sampled_success": 1.0,
+                                                                    "validation/sampled_length": {"at_most": 120}},
+                                                     "reps": 200}}
     folder = tmp_path / "paths"
     for variant, base in (("short", 90.0), ("long", 130.0)):
         for seed in (0, 1):
             run = folder / "runs" / f"{variant}-s{seed}"
             run.mkdir(parents=True)
-            (run / "metrics.csv").write_text("iteration,env_steps,validation/sampled_success\n"
-                                             "0,100,1.0\n1,200,1.0\n2,300,1.0\n")
+            (run / "metrics.csv").write_text("iteration,env_steps,validation/sampled_success,"
+                                             "validation/sampled_length\n"
+                                             f"0,100,1.0,150\n1,200,1.0,{base + 30}\n2,300,1.0,{base}\n")
             evaluation = {mode: {"success": 1.0, "ci95": [0.9, 1.0], "episode_length": base + seed + shift,
                                  "steps_to_goal": base + seed + shift}
                           for mode, shift in (("sampled", 5.0), ("greedy", 0.0))}
@@ -419,11 +422,16 @@ def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_an
     assert "| short > long | 0.50 [0.50, 0.50] | 1.00 [1.00, 1.00] |" in report  # success ties; paths decide
     assert "| `validation/sampled_success>=1` | short | 2/2 | 2 |" in report and "before learning could show" in report
     assert "does not name (left out; another experiment file of the same name wrote them):** other-s0" in report
+    # a length is reached by falling to it: short at 200 steps (120 <= 120), long never (130 > 120)
+    assert "| `validation/sampled_length<=120` | short | 2/2 | 0 | 200 [200, 200] |" in report, report
+    assert "| `validation/sampled_length<=120` | long | 0/2 | 0 | ∞ [∞, ∞] |" in report
     summary = json.loads((folder / "report" / "report.json").read_text())
     assert np.isclose(summary["variants"]["long"]["heldout_greedy_steps_to_goal"]["mean"]["estimate"], 130.5)
     spec["report"]["thresholds"] = {"validation/sampled_sucess": 1.0}
+    with pytest.raises(ValueError, match="at_most"):
+        ExperimentSpec.model_validate(spec | {"report": spec["report"] | {"thresholds": {"x": {"at_mots": 1}}}})
     (folder / "experiment.yaml").write_text(yaml.safe_dump(ExperimentSpec.model_validate(spec).model_dump()))
     with pytest.raises(ValueError, match=r"report.thresholds: metric 'validation/sampled_sucess' is not logged by "
                                          r"any run; the runs log \['env_steps', 'iteration', "
-                                         r"'validation/sampled_success'\]"):
+                                         r"'validation/sampled_length', 'validation/sampled_success'\]"):
         write_report(folder)

@@ -61,6 +61,9 @@ def test_probability_of_improvement_is_the_mann_whitney_statistic():
 def test_steps_to_threshold_and_step_curves():
     assert stats.steps_to_threshold([10, 20, 30], [0.1, math.nan, 0.95], 0.9) == 30.0
     assert stats.steps_to_threshold([10, 20], [0.1, 0.5], 0.9) == math.inf
+    # a length reached by falling to it; an unmeasured point reaches neither way
+    assert stats.steps_to_threshold([10, 20, 30, 40], [150, math.nan, 95, 80], 100, at_most=True) == 30.0
+    assert stats.steps_to_threshold([10, 20], [150, 120], 100, at_most=True) == math.inf
     got = stats.step_curve([10, 20, 30], [0.1, math.nan, 0.9], np.array([5, 10, 25, 40]))
     assert np.isnan(got[0]) and list(got[1:]) == [0.1, 0.1, 0.9]
 

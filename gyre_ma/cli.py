@@ -94,6 +94,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         console.print(f"side-effect milestones (no option of their own): {', '.join(side)}", markup=False)
     if config is not None:
         console.print(f"config {args.source!r}: valid (run name {config.name!r}, env {config.env.id})")
+        if args.play < 0:
+            raise UsageError(f"--play must be >= 0 (episodes to play), got {args.play}")
         if args.play:
             _play_check(config, library, args.play)
     console.print("[green]ok[/green]")
@@ -111,7 +113,10 @@ def _play_check(config: ExperimentConfig, library: Any, episodes: int) -> None:
     from gyre_ma.envs.registry import make_env
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
-    cap = config.train.max_steps or getattr(factory(), "max_cycles", None) or 1000
+    probe = factory()
+    cap = config.train.max_steps or getattr(probe, "max_cycles", None) or 1000
+    if callable(close := getattr(probe, "close", None)):
+        close()
     report = check_setup(factory, library, seeds=tuple(range(episodes)), n_steps=int(cap), pettingzoo_tests=False)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]

@@ -285,8 +285,8 @@ def play_episode(
     engine (:mod:`gyre_ma.backends.engine`) drives many at once.
 
     At each step every live agent between options gets one decision, in ``env.agents``
-    order, seeing the options the others run (those just chosen included; an
-    ``exclusive`` option that as many of them run as it allows is not eligible); then every
+    order, seeing the options the others run (those just chosen included; an option
+    run by as many of them as its ``exclusive`` allows is not eligible); then every
     agent's option emits one primitive action. A sub-policy that returns
     :data:`~gyre_ma.options.option.CANNOT_PROCEED` ends its call there, without a step,
     and its agent decides again (that option set aside until the next step). An agent

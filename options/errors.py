@@ -30,7 +30,6 @@ class UserCodeError(ValueError):
         where = user_frame(error)
         super().__init__(f"{what} raised {type(error).__name__}: {text}" + (f" (at {where})" if where else ""))
 
-
     def __reduce__(self) -> tuple:  # its __init__ takes (what, error), not the message pickle would pass
         return _revive, (type(self), self.args, self.__dict__)
 

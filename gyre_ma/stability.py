@@ -94,6 +94,8 @@ class Stability:
     @property
     def length(self) -> float:
         """The mean episode length pooled over the recent window (NaN where one is unknown)."""
+        if not self.recent or len(self.lengths) != len(self.recent):
+            return math.nan
         total = sum(n for _, n in self.recent)
         return float(sum(x * n for x, (_, n) in zip(self.lengths, self.recent, strict=True)) / max(total, 1))
 

@@ -766,12 +766,30 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
         raise ConfigError(f"config file {p.name!r} is empty: expected a mapping of sections, at least "
                           "'env: {id: ...}' (see configs/quickstart.yaml)")
     if not overrides:
-        return parse_config(data, source=p.name)
+        return _files_beside(parse_config(data, source=p.name), p.parent)
     try:
         base = parse_config(data, source=p.name).model_dump(mode="json")
     except ConfigError:  # the overrides may be what makes the file valid: set them on it as written
         base = dict(data or {}) if isinstance(data, dict) else data
-    return parse_config(with_overrides(base, overrides), source=p.name)
+    return _files_beside(parse_config(with_overrides(base, overrides), source=p.name), p.parent)
+
+
+def _files_beside(config: ExperimentConfig, folder: Path) -> ExperimentConfig:
+    """``library`` and ``rewards.rules_file`` YAML paths, relative ones read from the current
+    folder or, where none is there, from the config file's own ``folder`` (made absolute,
+    so that the run's stored config finds it from anywhere), as an experiment's ``base``."""
+
+    def beside(name: str | None) -> str | None:
+        if name is None or Path(name).suffix not in (".yaml", ".yml") or Path(name).is_absolute():
+            return name
+        there = folder / name
+        return str(there.resolve()) if not Path(name).exists() and there.is_file() else name
+
+    library, rules = beside(config.library), beside(config.rewards.rules_file)
+    if library == config.library and rules == config.rewards.rules_file:
+        return config
+    return config.model_copy(update={"library": library,
+                                     "rewards": config.rewards.model_copy(update={"rules_file": rules})})
 
 
 def with_overrides(data: Any, overrides: dict[str, Any]) -> Any:

@@ -24,7 +24,9 @@ def read_yaml(path: str | Path, what: str, error: type[ValueError] = ValueError)
     naming ``what`` and the file (the parser's first line says where)."""
     p = Path(path)
     if not p.is_file():
-        relative = "" if p.is_absolute() else f" (a relative path is read from the current folder, {str(Path.cwd())!r})"
+        relative = "" if p.is_absolute() else (
+            f" (a relative path is read from the current folder, {str(Path.cwd())!r}; a config's library and rules "
+            "file also from the config's own folder)")
         raise error(f"{what} {str(p)!r} does not exist{relative}")
     size = p.stat().st_size
     if size > MAX_BYTES:

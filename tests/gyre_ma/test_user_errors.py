@@ -477,5 +477,25 @@ def test_a_users_library_factory_is_given_the_env_it_is_built_for_when_it_asks(t
 def test_a_missing_relative_library_file_says_where_it_was_looked_for(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"library file 'lib.yaml' does not exist \(a relative path is read from the "
-                                         rf"current folder, '{re.escape(str(tmp_path))}'\)"):
+                                         rf"current folder, '{re.escape(str(tmp_path))}'; a config's library"):
         OptionLibrary.load("lib.yaml")
+
+
+def test_a_configs_relative_library_file_is_also_found_beside_the_config(tmp_path, monkeypatch):
+    """``library: lib.yaml`` beside the config failed from any other folder ("does not
+    exist"), while an experiment's ``base`` is read relative to its file."""
+    from gyre_ma.config import dump_config, load_config
+    from gyre_ma.envs.coverage.options import make_library
+
+    folder = tmp_path / "task"
+    folder.mkdir()
+    make_library().dump(folder / "lib.yaml")
+    (folder / "cfg.yaml").write_text("name: beside\nenv: {id: coverage_v0}\nlibrary: lib.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    config = load_config(folder / "cfg.yaml")
+    assert config.library == str((folder / "lib.yaml").resolve())  # absolute: the run's stored config finds it
+    assert load_config(folder / "cfg.yaml", {"train.iterations": 1}).library == config.library
+    assert main(["check", str(folder / "cfg.yaml"), "--play", "1"]) == 0
+    monkeypatch.chdir(folder)  # found from the current folder first: left as written
+    assert load_config("cfg.yaml").library == "lib.yaml"
+    assert "library: lib.yaml" in dump_config(load_config("cfg.yaml"))

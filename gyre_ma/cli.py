@@ -75,7 +75,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     graph = library.graph
     length, path = graph.critical_path()
     table = Table(title=f"option library {library.name!r}: {len(library)} options")
-    for col in ("option", "milestone", "kind", "max_steps", "exclusive", "starts when"):
+    for col in ("option", "milestone", "kind", "sub-policy", "max_steps", "exclusive", "starts when"):
         table.add_column(col, overflow="fold")  # a name wraps in its cell rather than lose its end
     for opt in library:
         kind = ("restores" if opt.restores else "repeatable" if opt.repeatable
@@ -83,7 +83,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         starts = ("—" if opt.initiation is None  # __name__: what a factory names the closures it makes
                   else getattr(opt.initiation, "__name__", type(opt.initiation).__name__))
         exclusive = {1: "yes", None: "—"}.get(opt.capacity, f"≤ {opt.capacity} agents")
-        table.add_row(opt.name, opt.milestone or "—", kind, str(opt.max_steps), exclusive, starts)
+        table.add_row(opt.name, opt.milestone or "—", kind, _sub_policy(opt.policy), str(opt.max_steps), exclusive,
+                      starts)
     console.print(table)
     console.print(
         f"task graph: {len(graph)} milestones, goals {list(graph.goals)}; "
@@ -100,6 +101,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             _play_check(config, library, args.play)
     console.print("[green]ok[/green]")
     return 0
+
+
+def _sub_policy(policy: Any) -> str:
+    """What acts for an option: an LLM, a network, or code (a function or a Behaviour)."""
+    return {"LLMPolicy": "llm", "NeuralSubPolicy": "neural"}.get(type(policy).__name__, "scripted")
 
 
 def _play_check(config: ExperimentConfig, library: Any, episodes: int) -> None:

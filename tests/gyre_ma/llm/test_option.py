@@ -148,6 +148,15 @@ def test_a_yaml_library_mixes_scripted_and_llm_options_and_batches_them_across_e
     assert len(calls) < len(alone_calls)  # ...and fewer of them: one per round, for every env in flight
 
 
+def test_check_says_which_options_an_llm_acts_for(tmp_path, model_dir, capsys):
+    from gyre_ma.cli import main
+
+    assert main(["check", str(_yaml_library(tmp_path, model_dir))]) == 0
+    rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.count("│") > 3}
+    llm = [name for name, row in rows.items() if "│ llm " in row]
+    assert llm and all("│ scripted " in row for name, row in rows.items() if name not in llm and name != "option")
+
+
 def test_yaml_mistakes_in_an_llm_option_are_named(tmp_path, model_dir):
     from gyre_ma.options.library import OptionLibrary as Lib
 

@@ -153,12 +153,12 @@ class Gyre:
             trajectories = self.backend.collect(self.weights(), self.version,
                                                 validation_tasks(seeds, modes=(False, True)))
             for mode, greedy in (("sampled", False), ("greedy", True)):
-                judged = episode_metrics([t for t in trajectories if t.greedy == greedy], ())
-                metrics[f"validation/{mode}_success"] = judged["success_rate"]
-                metrics[f"validation/{mode}_length"] = judged["episode_length"]
-        judged_metrics = episode_metrics(trajectories, ())
-        score, episodes = self.stability.score(judged_metrics["success_rate"], episodes=len(trajectories),
-                                               length=judged_metrics["episode_length"])
+                played = episode_metrics([t for t in trajectories if t.greedy == greedy], ())
+                metrics[f"validation/{mode}_success"] = played["success_rate"]
+                metrics[f"validation/{mode}_length"] = played["episode_length"]
+        played = episode_metrics(trajectories, ())
+        score, episodes = self.stability.score(played["success_rate"], episodes=len(trajectories),
+                                               length=played["episode_length"])
         judged = None if self.checkpoints.has("latest") else self.state_dict()  # latest holds this policy
         decision = self.stability.validate(score, episodes, judged, step=iteration)
         return metrics | {"validation/success_rate": score, "validation/episodes": float(episodes),

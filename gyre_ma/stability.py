@@ -53,11 +53,9 @@ class Stability:
     def __init__(self, config: CheckpointConfig, checkpoints: CheckpointManager | None) -> None:
         self.config, self.checkpoints = config, checkpoints
         self.nan_guard = NanGuard(config.nan_max_consecutive)
-        self.recent: deque[tuple[float, int]] = deque(maxlen=config.validation_window)
-        """(success rate, episodes) of the last iterations' validation episodes, judged together."""
-        self.lengths: deque[float] = deque(maxlen=config.validation_window)
-        """Their mean episode lengths (NaN: not given), pooled with them: the tie-break between
-        windows of equal success."""
+        self.recent: deque[tuple[float, int, float]] = deque(maxlen=config.validation_window)
+        """(success rate, episodes, mean episode length) of the last iterations' validation
+        episodes, judged together (the length, NaN where not given, breaks ties in success)."""
         self.drops = 0
         """Validations in a row significantly below the best."""
         self.judged = 0
@@ -83,21 +81,17 @@ class Stability:
         """The score validation judges and the episodes behind it: the success pooled over
         the recent window of iterations (and ``length``, their mean episode length, pooled
         as :attr:`length`)."""
-        if len(self.lengths) != len(self.recent):  # restored without lengths: start them afresh
-            self.lengths.clear()
-            self.lengths.extend([math.nan] * len(self.recent))
-        self.recent.append((success_rate, episodes))
-        self.lengths.append(float(length))
-        total = sum(n for _, n in self.recent)
-        return float(sum(r * n for r, n in self.recent) / max(total, 1)), total
+        self.recent.append((success_rate, episodes, float(length)))
+        total = sum(n for _, n, _ in self.recent)
+        return float(sum(r * n for r, n, _ in self.recent) / max(total, 1)), total
 
     @property
     def length(self) -> float:
         """The mean episode length pooled over the recent window (NaN where one is unknown)."""
-        if not self.recent or len(self.lengths) != len(self.recent):
+        if not self.recent:
             return math.nan
-        total = sum(n for _, n in self.recent)
-        return float(sum(x * n for x, (_, n) in zip(self.lengths, self.recent, strict=True)) / max(total, 1))
+        total = sum(n for _, n, _ in self.recent)
+        return float(sum(x * n for _, n, x in self.recent) / max(total, 1))
 
     def validate(self, score: float, episodes: int, state: Mapping[str, Any] | None, *,
                  step: int) -> ValidationDecision:
@@ -129,7 +123,6 @@ class Stability:
         decision = ck.validate(score, state, step=step, episodes=episodes, length=self.length, allow_rollback=allow)
         if decision.rolled_back:
             self.recent.clear()  # a new policy: its own scores from here on
-            self.lengths.clear()
             self.drops = 0
         return decision
 
@@ -141,23 +134,25 @@ class Stability:
             return guard, None
         decision = self.checkpoints.rollback(reason=guard.reason, step=step)
         self.recent.clear()
-        self.lengths.clear()
         self.drops = 0
         return guard, decision
 
     def state_dict(self) -> dict[str, Any]:
         return {"nan_guard": self.nan_guard.state_dict(), "recent_scores": [list(r) for r in self.recent],
-                "recent_lengths": list(self.lengths), "validation_drops": self.drops,
-                "validations_judged": self.judged}
+                "validation_drops": self.drops, "validations_judged": self.judged}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("nan_guard") is not None:
             self.nan_guard.load_state_dict(state["nan_guard"])
         self.drops = int(state.get("validation_drops", 0))
         self.judged = int(state.get("validations_judged", 0))
-        self.recent.clear()  # older checkpoints kept bare rates: an unknown count is one episode each
-        self.recent.extend((float(r[0]), int(r[1])) if isinstance(r, (list, tuple)) else (float(r), 1)
-                           for r in state.get("recent_scores", []))
-        self.lengths.clear()
-        lengths = [float(x) for x in state.get("recent_lengths", [])]
-        self.lengths.extend(lengths if len(lengths) == len(self.recent) else [math.nan] * len(self.recent))
+        self.recent.clear()  # older checkpoints kept bare rates (an unknown count is one episode each), then
+        self.recent.extend(_recent(r) for r in state.get("recent_scores", []))  # (rate, count) without a length
+
+
+def _recent(stored: Any) -> tuple[float, int, float]:
+    """A stored validation window entry as (rate, episodes, length): a bare rate, a
+    (rate, episodes) pair or the whole triple."""
+    if not isinstance(stored, (list, tuple)):
+        return float(stored), 1, math.nan
+    return float(stored[0]), int(stored[1]), float(stored[2]) if len(stored) > 2 else math.nan

@@ -328,9 +328,9 @@ def test_among_windows_of_equal_success_best_is_the_one_with_shorter_paths(tmp_p
     assert judge(0.9, 10.0) == "kept" and ck.best_score == 1.0  # shorter but failing more: not better
     resumed = Stability.from_config(load_config(DOORKEY).checkpoints, tmp_path)
     resumed.load_state_dict(stability.state_dict())
-    assert list(resumed.lengths) == list(stability.lengths) and resumed.length == stability.length
+    assert list(resumed.recent) == list(stability.recent) and resumed.length == stability.length
     old = stability.state_dict()
-    del old["recent_lengths"]  # a checkpoint from before lengths were kept
+    old["recent_scores"] = [r[:2] for r in old["recent_scores"]]  # a checkpoint from before lengths were kept
     resumed.load_state_dict(old)
     assert math.isnan(resumed.length) and resumed.score(1.0, episodes=32, length=5.0)[0] == pytest.approx(
         stability.score(1.0, episodes=32, length=5.0)[0])

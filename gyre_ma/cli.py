@@ -31,10 +31,11 @@ class UsageError(ValueError):
 
 
 def _load_library_and_config(source: str, overrides: dict[str, Any] | None = None,
-                             ) -> tuple[Any, ExperimentConfig | None]:
-    """A config YAML, a library YAML, or ``module:callable`` → (OptionLibrary, config). A
-    config's env, its library (on the env's milestones), oracle or scripted manager and
-    rules are built too, so that a config that loads here cannot fail on them in ``train``."""
+                             ) -> tuple[Any, ExperimentConfig | None, Any]:
+    """A config YAML, a library YAML, or ``module:callable`` → (OptionLibrary, config, env;
+    a library alone has neither). A config's env, its library (on the env's milestones),
+    oracle or scripted manager and rules are built too, so that a config that loads here
+    cannot fail on them in ``train``."""
     from gyre_ma.config import load_config
     from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.options.library import OptionLibrary, fill_variables
@@ -43,8 +44,8 @@ def _load_library_and_config(source: str, overrides: dict[str, Any] | None = Non
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
         data = read_yaml(path, "file", UsageError)
-        if isinstance(data, dict) and "options" in data and "graph" in data:  # a library alone: no values for
-            return OptionLibrary.from_spec(fill_variables(data, {}, where=path.name), where=path.name), None  # ${x}
+        if isinstance(data, dict) and "options" in data and "graph" in data:  # a library alone: no values for ${x}
+            return OptionLibrary.from_spec(fill_variables(data, {}, where=path.name), where=path.name), None, None
         config = load_config(path, overrides)
         env = make_env(config.env.id, **config.env.kwargs)
         library = make_library(config.env.id, env, config.library, config.library_kwargs)
@@ -58,8 +59,8 @@ def _load_library_and_config(source: str, overrides: dict[str, Any] | None = Non
             from gyre_ma.llm.engine import check_model_dir
 
             check_model_dir(config.manager.llm.model, "manager.llm.model")
-        return library, config
-    return OptionLibrary.load(source), None
+        return library, config, env
+    return OptionLibrary.load(source), None, None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -71,7 +72,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                       f"{len(exp.spec.seed_list)} seeds) on {exp.base}; folder {exp.folder}", markup=False,
                       soft_wrap=True)
         args.source = str(exp.base)  # and the base config's library and graph below
-    library, config = _load_library_and_config(args.source, set_overrides(args.set))
+    library, config, env = _load_library_and_config(args.source, set_overrides(args.set))
     graph = library.graph
     length, path = graph.critical_path()
     table = Table(title=f"option library {library.name!r}: {len(library)} options")
@@ -98,7 +99,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.play < 0:
             raise UsageError(f"--play must be >= 0 (episodes to play), got {args.play}")
         if args.play:
-            _play_check(config, library, args.play)
+            _play_check(config, library, env, args.play)
     console.print("[green]ok[/green]")
     return 0
 
@@ -108,9 +109,10 @@ def _sub_policy(policy: Any) -> str:
     return {"LLMPolicy": "llm", "NeuralSubPolicy": "neural"}.get(type(policy).__name__, "scripted")
 
 
-def _play_check(config: ExperimentConfig, library: Any, episodes: int) -> None:
-    """Play ``episodes`` seeded episodes of the config's env by a random order of its
-    library's options, each replayed for determinism, every reset and step checked
+def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int) -> None:
+    """Play ``episodes`` seeded episodes of the config's env (fresh ones; ``env``, the one
+    already built, gives the step cap) by a random order of its library's options, each
+    replayed for determinism, every reset and step checked
     (:func:`~gyre_ma.checks.check_setup`): an env or option that breaks at its first step
     fails here, not in ``train``."""
     import functools
@@ -119,10 +121,7 @@ def _play_check(config: ExperimentConfig, library: Any, episodes: int) -> None:
     from gyre_ma.envs.registry import make_env
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
-    probe = factory()
-    cap = config.train.max_steps or getattr(probe, "max_cycles", None) or 1000
-    if callable(close := getattr(probe, "close", None)):
-        close()
+    cap = config.train.max_steps or getattr(env, "max_cycles", None) or 1000
     report = check_setup(factory, library, seeds=tuple(range(episodes)), n_steps=int(cap), pettingzoo_tests=False)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]
@@ -149,7 +148,7 @@ def _is_experiment_file(source: str) -> bool:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    library, _ = _load_library_and_config(args.source)
+    library, _, _ = _load_library_and_config(args.source)
     achieved = [a for a in (args.achieved or "").split(",") if a]
     for a in achieved:
         if a not in library.graph:

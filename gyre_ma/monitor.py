@@ -182,22 +182,15 @@ def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
         names, rows = _read_csv(Path(path))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise ValueError(f"{str(path)!r} is damaged or not a metrics.csv ({exc})") from None
-    out = {}
-    for name in names:
-        try:
-            out[name] = np.array([float(r[name]) if r.get(name) not in (None, "") else np.nan for r in rows])
-        except (TypeError, ValueError):
-            bad = next(k for k, r in enumerate(rows) if not _number(r.get(name)))
-            raise ValueError(f"{str(path)!r} is damaged: row {bad + 1}'s {name!r} is {rows[bad].get(name)!r}, "
-                             "not a number") from None
-    return out
+    return {name: np.array([_number(r.get(name), path, k, name) for k, r in enumerate(rows)]) for name in names}
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any, path: str | Path, row: int, name: str) -> float:
+    """One cell of ``metrics.csv`` as a float (NaN where empty); anything else names the file,
+    the row and the column."""
     if value in (None, ""):
-        return True
+        return np.nan
     try:
-        float(value)
+        return float(value)
     except (TypeError, ValueError):
-        return False
-    return True
+        raise ValueError(f"{str(path)!r} is damaged: row {row + 1}'s {name!r} is {value!r}, not a number") from None

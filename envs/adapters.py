@@ -233,9 +233,12 @@ class GyreAdapter(ParallelEnv):
                 continue
             if self.check_observations and not space.contains(obs):
                 method = getattr(type(self._env.unwrapped), "reset" if where == "reset" else "step", None)
+                shown = str(space)
+                shown = shown if len(shown) <= _SPACE_SHOWN else shown[:_SPACE_SHOWN - 1] + "…"
                 raise UserAnswerError(
                     f"{self.metadata['name']}: {where}: the wrapped env's observation for agent {agent!r}",
-                    f"is outside observation_space({agent!r}) = {space}: {why_outside(space, obs, 'it')}", method)
+                    f"does not fit its observation_space: {why_outside(space, obs, 'it')} (the space: {shown})",
+                    method)
             self._last_obs[agent] = obs
 
     def _detect(self, where: str) -> None:
@@ -254,6 +257,11 @@ class GyreAdapter(ParallelEnv):
             raise UserAnswerError(what, f"returned {describe(fired)} ({type(fired).__name__}); expected a bool",
                                   detector)
         return bool(fired)
+
+
+_SPACE_SHOWN = 160
+"""Characters of an observation space shown in an error (a Dict's repr runs to hundreds);
+what falls outside it comes first, in full."""
 
 
 class _SingleAgentParallel(ParallelEnv):

@@ -15,14 +15,17 @@ from gyre_ma.options.library import OptionLibrary
 from gyre_ma.rollout import run_episode
 
 
-def check_setup(env: Any | Callable[[], Any], library: OptionLibrary, **kwargs: Any) -> EnvCheckReport:
+def check_setup(env: Any | Callable[[], Any], library: OptionLibrary, *,
+                manager: Callable[[Any, int], Manager] | None = None, **kwargs: Any) -> EnvCheckReport:
     """:func:`~gyre_ma.envs.checks.check_env` with every episode played by ``library``'s
     options under a seeded random manager, which reaches milestones random actions rarely
-    do; ``kwargs`` go to ``check_env`` (``seeds``, ``n_steps``, ``module``, ...)."""
+    do, or under ``manager(env, seed)`` (a config's oracle or scripted manager, built on the
+    env it plays); ``kwargs`` go to ``check_env`` (``seeds``, ``n_steps``, ``module``, ...)."""
+    build = manager if manager is not None else (lambda _env, seed: RandomManager(seed))
 
     def drive(probe: Any, seed: int, n_steps: int) -> None:
         try:
-            run_episode(probe, library, RandomManager(seed), seed=seed, max_steps=n_steps)
+            run_episode(probe, library, build(probe, seed), seed=seed, max_steps=n_steps)
         except UserCodeError as exc:  # the probe's finding, which the rollout took for the env raising
             if isinstance(exc.error, EnvCheckError):
                 raise exc.error from None

@@ -111,25 +111,33 @@ def _sub_policy(policy: Any) -> str:
 
 def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int) -> None:
     """Play ``episodes`` seeded episodes of the config's env (fresh ones; ``env``, the one
-    already built, gives the step cap) by a random order of its library's options, each
-    replayed for determinism, every reset and step checked
-    (:func:`~gyre_ma.checks.check_setup`): an env or option that breaks at its first step
-    fails here, not in ``train``."""
+    already built, gives the step cap), each replayed for determinism, every reset and step
+    checked (:func:`~gyre_ma.checks.check_setup`): an env or option that breaks at its first
+    step fails here, not in ``train``. A config whose manager is fixed (``oracle`` or
+    ``scripted``) is played by that manager, so a mistake in it shows here too, not first in
+    ``eval``; any other by a random order of the library's options."""
     import functools
 
     from gyre_ma.checks import check_setup
-    from gyre_ma.envs.registry import make_env
+    from gyre_ma.envs.registry import make_env, make_oracle
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
     cap = config.train.max_steps or getattr(env, "max_cycles", None) or 1000
-    report = check_setup(factory, library, seeds=tuple(range(episodes)), n_steps=int(cap), pettingzoo_tests=False)
+    fixed = config.manager.kind in ("oracle", "scripted")
+    manager = ((lambda probe, _seed: make_oracle(config.env.id, probe, library, config.manager.policy))
+               if fixed else None)
+    report = check_setup(factory, library, manager=manager, seeds=tuple(range(episodes)), n_steps=int(cap),
+                         pettingzoo_tests=False)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]
-    console.print(f"played {episodes} episode{'s' * (episodes != 1)} by a random order of the library's options, "
-                  f"each replayed with the same milestones: {report.steps} steps; {len(report.milestones)} of "
+    by = (f"by the config's {config.manager.kind} manager"
+          + (f" ({config.manager.policy})" if config.manager.policy else "") if fixed
+          else "by a random order of the library's options")
+    console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {report.steps // 2} steps, "
+                  f"each episode replayed with the same milestones; {len(report.milestones)} of "
                   f"{len(library.graph)} milestones verified; "
-                  + (f"goals {missed} not reached (a random order may not; training learns one)" if missed
-                     else f"goals {goals} reached"), markup=False, soft_wrap=True)
+                  + (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
+                     if missed else f"goals {goals} reached"), markup=False, soft_wrap=True)
     if report.unverifiable:
         console.print(f"taken on trust (no verifier or detector to re-check them): {list(report.unverifiable)}",
                       markup=False, soft_wrap=True)
@@ -184,6 +192,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = set_overrides(args.set)
     if args.iterations is not None:
+        if args.iterations < 1:
+            raise UsageError(f"--iterations must be >= 1, got {args.iterations}")
         overrides["train.iterations"] = args.iterations
     if args.run_root is not None:
         overrides["run_root"] = args.run_root
@@ -225,12 +235,15 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         if change:
             _record_change(run_dir, change, gyre.next_iteration)
     else:
-        if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
+        held.enter_context(_lock_run(run_dir))  # first: a run another trainer holds is named as such
+        checkpoints = run_dir / "checkpoints"
+        if checkpoints.exists() and any(p.name != INITIAL for p in checkpoints.iterdir()):
             raise UsageError(f"run directory {str(run_dir)!r} already has checkpoints; "
                              "pass --resume to continue it, or choose another name/run_root")
-        held.enter_context(_lock_run(run_dir))
         gyre = Gyre(config, run_dir)
         write_text(run_dir / "config.yaml", dump_config(config))
+        if gyre.learns:  # the untrained manager, for eval
+            save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
     first = gyre.next_iteration
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
     spot_rng = np.random.default_rng([config.seed, first])
@@ -280,6 +293,12 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                       f"{run_dir / 'checkpoints' / 'best.pt'})", markup=False)
     write_json(run_dir / "summary.json", metrics | {f"{k}_total": v for k, v in faults.items()})
     return 0
+
+
+INITIAL = "initial.pt"
+"""The policy a fresh run starts from, before its first update: ``gyre-ma eval`` it for the
+untrained manager's figures, the baseline that shows what training added (a run killed
+before its first ``latest`` checkpoint holds only this, and starts afresh)."""
 
 
 def _lock_run(run_dir: Path) -> Any:
@@ -402,6 +421,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if references:
             console.print(f"trusting the config stored in {path}: it imports "
                           + ", ".join(f"{k}={v!r}" for k, v in references), markup=False, soft_wrap=True)
+    if args.greedy and not config.manager.learns:
+        raise UsageError(f"--greedy: the {config.manager.kind} manager has no greedy choice to take (greedy takes a "
+                         "learned manager's most likely option); evaluate it without --greedy")
     tasks = evaluation_tasks(range(args.seed, args.seed + args.episodes), greedy=args.greedy, stream=args.stream)
     with Player(config, state) as player:
         trajectories = player.play(tasks)
@@ -484,10 +506,11 @@ def _eval_target(args: argparse.Namespace) -> tuple[Path | None, Any]:
     from gyre_ma.config import load_config
 
     target, config = Path(args.checkpoint), None
+    overrides = set_overrides(args.set)
     if args.config is not None:
-        config = load_config(args.config)
+        config = load_config(args.config, overrides)
     if target.is_file() and target.suffix in (".yaml", ".yml"):
-        config = load_config(target)
+        config = load_config(target, overrides)
         if not config.manager.learns and not (config.run_dir / "checkpoints").is_dir():
             return None, config  # an oracle, scripted or random order: nothing to load
         if not config.run_dir.exists():
@@ -508,6 +531,9 @@ def _eval_target(args: argparse.Namespace) -> tuple[Path | None, Any]:
     elif not target.exists():
         raise UsageError(f"checkpoint {str(target)!r} does not exist; pass a checkpoint file, a run directory "
                          "or the run's config YAML")
+    if overrides and config is None:
+        raise UsageError("--set changes a config, and none was given: evaluate a config YAML, or pass --config "
+                         "FILE.yaml beside the checkpoint (the checkpoint's stored config is not edited)")
     return target, config
 
 
@@ -660,6 +686,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling stream: any two policies evaluated on the same seeds and stream draw the same "
                         "random numbers, so their figures differ by their choices alone (default 0)")
     p.add_argument("--json", help="also write the metrics as JSON here")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key of the config evaluated (a config YAML, or --config), as train does")
     p = sub.add_parser("pretrain-option", help="train a neural option's sub-policy on its own milestone")
     p.add_argument("config", help="config YAML: the env (e.g. an easier variant, through --set) and the library")
     p.add_argument("--option", required=True, help="the option to train (its milestone is the reward)")

@@ -753,12 +753,15 @@ def parse_config(data: Any, source: str = "config") -> ExperimentConfig:
         raise ConfigError(f"{source}: {_format_error(first, ExperimentConfig)}") from None
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None, *,
+                overrides_from: str = "--set") -> ExperimentConfig:
     """Read a YAML config; ``overrides`` are dotted keys (``train.iterations``) applied on top.
 
     An override changes exactly the key it names: it is set on the file's config with every
     default filled in, so the siblings of a key in a nested section keep the values they
     had (a section's defaults can differ from its class's, e.g. ``roles.executor_noise``).
+    An error in a key an override set names the override (``overrides_from``, how the
+    caller was given them), not the file, which may not hold that key at all.
     """
     p = Path(path)
     data = read_yaml(p, "config file", ConfigError)
@@ -771,7 +774,23 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
         base = parse_config(data, source=p.name).model_dump(mode="json")
     except ConfigError:  # the overrides may be what makes the file valid: set them on it as written
         base = dict(data or {}) if isinstance(data, dict) else data
-    return _files_beside(parse_config(with_overrides(base, overrides), source=p.name), p.parent)
+    try:
+        return _files_beside(parse_config(with_overrides(base, overrides), source=p.name), p.parent)
+    except ConfigError as exc:
+        raise _blame_override(exc, p.name, overrides, overrides_from) from None
+
+
+def _blame_override(exc: ConfigError, source: str, overrides: dict[str, Any], overrides_from: str) -> ConfigError:
+    """``exc`` (``"<source>: '<key>' ..."`` or ``"<source>: unknown key '<key>' ..."``) told
+    as the override's where the key it names is one an override set, or a section above one."""
+    text = str(exc)
+    found = re.match(rf"{re.escape(source)}: (?:unknown key )?'([^']+)'", text)
+    if found is not None:
+        key = found.group(1)
+        for dotted in overrides:
+            if dotted == key or dotted.startswith(key + "."):
+                return ConfigError(f"{overrides_from} {dotted} (on {source}):{text[len(source) + 1:]}")
+    return exc
 
 
 def _files_beside(config: ExperimentConfig, folder: Path) -> ExperimentConfig:

@@ -219,7 +219,7 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
         for seed in spec.seed_list:
             run = RunSpec(variant, seed, sets | {"seed": seed, "name": f"{variant}-s{seed}"}, sb3)
             try:
-                load_config(base, run.overrides | {"run_root": str(folder / "runs")})
+                load_config(base, run.overrides | {"run_root": str(folder / "runs")}, overrides_from="override")
             except ConfigError as exc:
                 raise ConfigError(f"{source.name}: variant {variant!r}: {exc}") from None
             runs.append(run)

@@ -22,7 +22,7 @@ from gymnasium import spaces
 
 from gyre_ma.envs.base import GyreEnv
 from gyre_ma.options.decision import Choice, Decision, Manager
-from gyre_ma.options.errors import UserCodeError, callable_name
+from gyre_ma.options.errors import UserAnswerError, UserCodeError, callable_name
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, Termination, is_behaviour
 from gyre_ma.watchdog import EpisodeTimeout, OptionTimeout, watchdog
@@ -430,7 +430,7 @@ def play_episode(
                         running[a] = None
                         end(run, False, False, Termination.TIMEOUT if timed_out else Termination.BLOCKED)
                     else:
-                        actions[a] = checks[a](action, run.option.name)
+                        actions[a] = checks[a](action, run.option.name, run.policy)
                 if traj.dead_ends:
                     break
             if traj.dead_ends:
@@ -534,7 +534,7 @@ def _ask_models(agents: list[str], running: dict[str, _Running | None], actions:
             if got.retry is not None:
                 retry[a] = got.retry
             else:
-                actions[a] = checks[a](got.action, run.option.name)
+                actions[a] = checks[a](got.action, run.option.name, run.policy)
         pending = retry
 
 
@@ -594,22 +594,25 @@ def _env_name(env: Any) -> str:
     return type(getattr(env, "unwrapped", env)).__name__
 
 
-def action_check(space: Any, agent: str) -> Callable[[Any, str], Any]:
-    """A check of one sub-policy action for ``agent``'s action space: returns the action,
-    or raises a ValueError naming the option, the agent, the action and the space. A
+def action_check(space: Any, agent: str) -> Callable[..., Any]:
+    """A check of one sub-policy action for ``agent``'s action space, called as
+    ``check(action, option_name, policy)``: returns the action, or raises a ValueError (a
+    :class:`~gyre_ma.options.errors.UserAnswerError` where the sub-policy ``policy`` is
+    given) naming the option, the agent, the action, the space, and the sub-policy with
+    the file and line that define it. A
     ``Discrete`` space takes an integer in range (not a bool, None or NaN); other spaces
     their own ``contains``, and float arrays must be finite."""
     if isinstance(space, spaces.Discrete):
         low, high = int(space.start), int(space.start) + int(space.n)
 
-        def discrete(action: Any, option: str) -> Any:
+        def discrete(action: Any, option: str, policy: Any = None) -> Any:
             if isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_)):
                 if low <= action < high:
                     return action
             elif isinstance(action, np.ndarray) and action.shape == () and action.dtype.kind in "iu":
                 if low <= int(action) < high:
                     return action
-            raise _bad_action(option, agent, action, f"an integer in [{low}, {high}) for {space}")
+            raise _bad_action(option, agent, action, f"an integer in [{low}, {high}) for {space}", policy)
 
         return discrete
 
@@ -617,7 +620,7 @@ def action_check(space: Any, agent: str) -> Callable[[Any, str], Any]:
         bounds = list(zip(space.start.tolist(), (space.start + space.nvec).tolist(), strict=True))
         shape = (len(bounds),)
 
-        def multi_discrete(action: Any, option: str) -> Any:  # space.contains costs ~30 µs a step
+        def multi_discrete(action: Any, option: str, policy: Any = None) -> Any:  # space.contains costs ~30 µs a step
             if isinstance(action, np.ndarray) and action.shape == shape and action.dtype.kind in "iu":
                 for a, (lo, hi) in zip(action.tolist(), bounds):  # a loop: all() over a generator costs 2.5×
                     if not lo <= a < hi:
@@ -628,30 +631,33 @@ def action_check(space: Any, agent: str) -> Callable[[Any, str], Any]:
                     isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) and lo <= a < hi
                     for a, (lo, hi) in zip(action, bounds)):
                 return action
-            raise _bad_action(option, agent, action, f"integers within {space}")
+            raise _bad_action(option, agent, action, f"integers within {space}", policy)
 
         return multi_discrete
 
-    def general(action: Any, option: str) -> Any:
+    def general(action: Any, option: str, policy: Any = None) -> Any:
         try:
             finite = not isinstance(action, (float, np.floating, np.ndarray)) or bool(np.all(np.isfinite(action)))
             ok = finite and bool(space.contains(action))
         except Exception:  # noqa: BLE001 - a space may raise on an action of the wrong kind
             ok = False
         if not ok:
-            raise _bad_action(option, agent, action, f"an element of {space}, finite")
+            raise _bad_action(option, agent, action, f"an element of {space}, finite", policy)
         return action
 
     return general
 
 
-def _bad_action(option: str, agent: str, action: Any, expected: str) -> ValueError:
+def _bad_action(option: str, agent: str, action: Any, expected: str, policy: Any = None) -> ValueError:
     text = repr(action)
     hint = (" (a sub-policy with nothing to do, its target reached or out of reach, returns "
             "gyre_ma.options.CANNOT_PROCEED: the call ends without a step and the manager chooses again)"
             if action is None else "")
-    return ValueError(f"sub-policy of option {option!r} (agent {agent!r}) returned the action "
-                      f"{text[:120] + '…' if len(text) > 120 else text}; expected {expected}{hint}")
+    problem = f"returned the action {text[:120] + '…' if len(text) > 120 else text}; expected {expected}{hint}"
+    if policy is None:
+        return ValueError(f"sub-policy of option {option!r} (agent {agent!r}) {problem}")
+    return UserAnswerError(f"sub-policy {callable_name(policy)} of option {option!r} (agent {agent!r})", problem,
+                           policy)
 
 
 def _global_state(env: GyreEnv) -> np.ndarray:

@@ -225,7 +225,10 @@ class OptionLibrary:
             if callable(graph) and not isinstance(graph, TaskGraph):
                 graph = user_call(graph, f"{where}.graph")
             if not isinstance(graph, TaskGraph):
-                raise ValueError(f"{where}.graph: {graph_spec!r} did not give a TaskGraph")
+                raise ValueError(f"{where}.graph: {graph_spec!r} gave {type(graph).__name__}, expected a TaskGraph; "
+                                 "graph is a TaskGraph spec written inline (goals, milestones), or a "
+                                 "'module:callable' returning a TaskGraph (e.g. TaskGraph.from_spec(your_spec)) "
+                                 "or naming one")
         else:
             try:
                 graph = TaskGraph.from_spec(graph_spec if graph_spec is not None else {})

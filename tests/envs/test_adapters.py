@@ -320,17 +320,27 @@ def test_observation_outside_its_space_names_the_agent() -> None:
     env = from_gymnasium(_Drifting(), milestones={"g": lambda e: False}, graph=graph, agent="walker")
     env.reset(seed=0)
     env.step({"walker": 0})
-    with pytest.raises(ValueError, match=r"step 2: the wrapped env's observation for agent 'walker' is outside "
-                                         r"observation_space\('walker'\) = .*: it\[0\] = 1.2\d* is outside "
-                                         r"\[0.0, 1.0\] "
-                                         r".*\(defined at .*test_adapters.py:\d+\)$"):
+    with pytest.raises(ValueError, match=r"step 2: the wrapped env's observation for agent 'walker' does not fit "
+                                         r"its observation_space: it\[0\] = 1.2\d* is outside \[0.0, 1.0\] "
+                                         r".*\(the space: Box\(.*\)\) \(defined at .*test_adapters.py:\d+\)$"):
         env.step({"walker": 0})
     wide = _Drifting()
     wide.reset = lambda seed=None, options=None: (np.zeros(2), {})  # float64 where the space says float32
     env = from_gymnasium(wide, milestones={"g": lambda e: False}, graph=graph, agent="walker")
-    with pytest.raises(UserCodeError, match=r"reset: the wrapped env's observation for agent 'walker' is outside .*: "
-                                            r"it has dtype float64, which does not cast safely to float32"):
+    with pytest.raises(UserCodeError, match=r"reset: the wrapped env's observation for agent 'walker' does not fit "
+                                            r"its observation_space: it has dtype float64, which does not cast "
+                                            r"safely to float32"):
         env.reset(seed=0)
+    wordy = spaces.Dict({f"counter_{i:02d}": spaces.Box(0, 9, (3,), np.int64) for i in range(12)})
+    typo = _Drifting()
+    typo.observation_space = wordy
+    typo.reset = lambda seed=None, options=None: ({k: np.zeros(3, np.int64) for k in list(wordy.spaces)[1:]}, {})
+    env = from_gymnasium(typo, milestones={"g": lambda e: False}, graph=graph, agent="walker")
+    with pytest.raises(UserCodeError) as caught:  # the problem first, the long space cut short after it
+        env.reset(seed=0)
+    message = str(caught.value)
+    assert "its observation_space: it['counter_00'] is missing (the space: Dict(" in message, message
+    assert len(message) < 400 and "…)" in message, message
     lax = from_gymnasium(_Drifting(), milestones={"g": lambda e: False}, graph=graph, check_observations=False)
     lax.reset(seed=0)
     lax.step({"agent_0": 0})

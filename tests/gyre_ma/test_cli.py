@@ -202,6 +202,29 @@ def test_eval_plays_a_config_whose_manager_does_not_learn_without_a_run(tmp_path
     assert f"its run directory '{tmp_path / 'learned'}' does not exist; train it first (gyre-ma train {learned})" in err
 
 
+def test_eval_of_a_config_takes_set_and_refuses_greedy_where_nothing_is_learned(tmp_path, capsys):
+    """Baselines of an env variant needed a copy of the YAML (eval had no --set), and --greedy
+    on a random order quietly played another random stream."""
+    import json
+
+    oracle = tmp_path / "oracle.yaml"
+    oracle.write_text(f"name: oracle\nenv: {{id: coverage_v0}}\nmanager: {{kind: oracle}}\nrun_root: {tmp_path}\n")
+    assert main(["eval", str(oracle), "--episodes", "5", "--set", "env.kwargs.n_agents=2",
+                 "--json", str(tmp_path / "two.json")]) == 0
+    assert main(["eval", str(oracle), "--episodes", "5", "--json", str(tmp_path / "three.json")]) == 0
+    two, three = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "three"))
+    assert two["episodes"] != three["episodes"]  # the override reached the env
+    capsys.readouterr()
+    assert main(["eval", str(oracle), "--set", "manager.kind=random", "--greedy"]) == 2
+    assert "--greedy: the random manager has no greedy choice" in capsys.readouterr().err
+    assert main(["eval", str(oracle), "--set", "trian.iterations=3"]) == 2
+    assert "--set trian.iterations (on oracle.yaml): unknown key 'trian'" in capsys.readouterr().err
+    (tmp_path / "oracle" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "oracle" / "checkpoints" / "final.pt").write_bytes(b"")
+    assert main(["eval", str(tmp_path / "oracle"), "--set", "seed=1"]) == 2
+    assert "--set changes a config, and none was given" in capsys.readouterr().err
+
+
 def test_check_takes_set_overrides_as_train_does(capsys):
     """README's Configuration presents --set as every command's; check refused it."""
     quickstart = str(Path(__file__).parents[2] / "configs" / "quickstart.yaml")

@@ -33,6 +33,35 @@ def test_a_second_trainer_of_the_same_run_is_refused(tmp_path, capsys):
     finally:
         held.close()
     assert train(tmp_path, "--iterations", "1") == 0  # released: the run can be trained
+    held = _lock_run(tmp_path / "minigrid_doorkey")
+    try:  # a run with checkpoints, held by its trainer: the lock is named, not "pass --resume" (which it refuses)
+        assert train(tmp_path, "--iterations", "1") == 2
+        err = capsys.readouterr().err
+        assert "in use by another gyre-ma train" in err and "--resume" not in err
+    finally:
+        held.close()
+
+
+def test_a_fresh_run_keeps_its_untrained_policy_as_initial_pt(tmp_path, capsys):
+    """A user wanting the untrained manager's figures (what training added) had no way to get
+    them: --iterations 0 is refused, and after one iteration the policy has been updated."""
+    from gyre_ma.checkpoints import load_checkpoint
+
+    run_dir = tmp_path / "minigrid_doorkey"
+    checkpoints = run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "initial.pt").write_bytes(b"left by a run killed before its first checkpoint")
+    assert train(tmp_path, "--iterations", "1") == 0  # initial.pt alone is not a run to resume: it starts afresh
+    initial, final = load_checkpoint(checkpoints / "initial.pt"), load_checkpoint(checkpoints / "final.pt")
+    assert initial["next_iteration"] == 0 and final["next_iteration"] == 1
+    assert initial["config"] == final["config"]
+    changed = [k for k, w in initial["policy"].items() if not (w == final["policy"][k]).all()]
+    assert changed  # the update moved the weights initial.pt keeps
+    capsys.readouterr()
+    assert main(["eval", str(checkpoints / "initial.pt"), "--episodes", "3", "--trust-config"]) == 0
+    assert "verified completion" in capsys.readouterr().out
+    assert train(tmp_path, "--iterations", "1") == 2  # now the run has checkpoints of its own
+    assert "already has checkpoints" in capsys.readouterr().err
 
 
 def test_a_resume_keeps_the_runs_config_unless_forced_and_says_when_it_is_finished(tmp_path, capsys):
@@ -95,9 +124,9 @@ def test_eval_of_a_run_directory_takes_its_final_policy_then_its_best_then_its_l
         (folder / slot).write_bytes(b"x")
     picked = []
     for gone in ("final.pt", "best.pt"):
-        picked.append(_eval_target(argparse.Namespace(checkpoint=str(tmp_path / "run"), config=None))[0].name)
+        picked.append(_eval_target(argparse.Namespace(checkpoint=str(tmp_path / "run"), config=None, set=None))[0].name)
         (folder / gone).unlink()
-    picked.append(_eval_target(argparse.Namespace(checkpoint=str(tmp_path / "run"), config=None))[0].name)
+    picked.append(_eval_target(argparse.Namespace(checkpoint=str(tmp_path / "run"), config=None, set=None))[0].name)
     assert picked == ["final.pt", "best.pt", "latest.pt"]
     out = capsys.readouterr().out
     assert f"evaluating {folder / 'final.pt'}" in out

@@ -40,6 +40,11 @@ def test_a_bad_action_names_the_option_the_agent_and_the_space(action, expected)
         run_episode(env, _library(lambda ctx: action), RandomManager(0), seed=1)
     message = str(info.value)
     assert "option 'wander'" in message and "agent 'agent_0'" in message and expected in message
+    # the sub-policy by name and where it is defined (one callable may serve several options)
+    assert isinstance(info.value, UserCodeError)
+    assert message.startswith("sub-policy tests.gyre_ma.test_user_errors.test_a_bad_action_names_the_option_the_agent"
+                              "_and_the_space.<locals>.<lambda> of option 'wander'"), message
+    assert re.search(rf"\(defined at {re.escape(__file__)}:\d+\)$", message), message
     assert run_episode(env, _library(lambda ctx: np.int64(2)), RandomManager(0), seed=1).length > 0  # fine
     assert ("CANNOT_PROCEED" in message) == (action is None)  # "nothing to do" has its own return value
 
@@ -419,8 +424,39 @@ def test_check_plays_a_configs_env_so_that_an_env_broken_at_its_first_step_fails
     config.write_text(config.read_text().replace("userlib:make", "coverage_v0"))
     assert main(["check", str(config), "--play", "3"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert re.search(r"played 3 episodes .* each replayed with the same milestones: \d+ steps; 3 of 3 milestones "
-                     r"verified; goals \['covered_0', 'covered_1', 'covered_2'\] reached", out), out
+    assert re.search(r"played 3 episodes by a random order of the library's options: \d+ steps, each episode "
+                     r"replayed with the same milestones; 3 of 3 milestones verified; goals "
+                     r"\['covered_0', 'covered_1', 'covered_2'\] reached", out), out
+
+
+def test_check_plays_a_fixed_managers_config_by_that_manager(tmp_path, monkeypatch, capsys):
+    """A scripted manager naming an option the library lacks passed ``check`` (which played
+    a random order) and failed first in ``eval``; ``check`` now plays the config's own
+    oracle or scripted manager."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, """
+        from gyre_ma.options.decision import Choice
+
+        class Typo:
+            def __init__(self, library):
+                self.library = library
+
+            def decide(self, decisions):
+                return [Choice(self.library.index("cover_the_third"), 0.0, 0.0) for d in decisions]
+    """)
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    config = tmp_path / "config.yaml"
+    config.write_text("name: typo\nenv: {id: coverage_v0}\nmanager: {kind: scripted, policy: 'userlib:Typo'}\n")
+    assert main(["check", str(config), "--play", "0"]) == 0  # building the manager cannot see it
+    capsys.readouterr()
+    assert main(["check", str(config)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "manager userlib.Typo.decide (agent 'agent_0', task seed 0)" in err and "cover_the_third" in err, err
+    config.write_text("name: oracle\nenv: {id: coverage_v0}\nmanager: {kind: oracle}\n")
+    assert main(["check", str(config)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"played 2 episodes by the config's oracle manager: \d+ steps, .* goals "
+                     r"\['covered_0', 'covered_1', 'covered_2'\] reached", out), out
 
 
 class _Ghostly(_Broken):
@@ -499,3 +535,14 @@ def test_a_configs_relative_library_file_is_also_found_beside_the_config(tmp_pat
     monkeypatch.chdir(folder)  # found from the current folder first: left as written
     assert load_config("cfg.yaml").library == "lib.yaml"
     assert "library: lib.yaml" in dump_config(load_config("cfg.yaml"))
+
+
+def test_a_library_graph_reference_that_gives_no_task_graph_lists_what_graph_may_be():
+    """``graph: my_tasks:GRAPH`` (a dict spec) read "did not give a TaskGraph", and the
+    README showed no library YAML."""
+    spec = {"name": "x", "graph": "gyre_ma.options.examples:breakfast",
+            "options": [{"name": "a", "policy": "gyre_ma.options.examples:walk"}]}
+    with pytest.raises(ValueError, match=r"^library.graph: 'gyre_ma.options.examples:breakfast' gave OptionLibrary, "
+                                         r"expected a TaskGraph; graph is a TaskGraph spec written inline \(goals, "
+                                         r"milestones\), or a 'module:callable' returning a TaskGraph"):
+        OptionLibrary.from_spec(spec)

@@ -242,7 +242,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                              "pass --resume to continue it, or choose another name/run_root")
         gyre = Gyre(config, run_dir)
         write_text(run_dir / "config.yaml", dump_config(config))
-        if gyre.learns:  # the untrained manager, for eval
+        if gyre.learns and config.manager.kind != "llm":  # the untrained manager, for eval
             save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
     first = gyre.next_iteration
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
@@ -298,7 +298,9 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
 INITIAL = "initial.pt"
 """The policy a fresh run starts from, before its first update: ``gyre-ma eval`` it for the
 untrained manager's figures, the baseline that shows what training added (a run killed
-before its first ``latest`` checkpoint holds only this, and starts afresh)."""
+before its first ``latest`` checkpoint holds only this, and starts afresh). Not written for
+an LLM manager, whose untrained policy is its model directory, already on disk, and whose
+checkpoints each hold a copy of the model's weights."""
 
 
 def _lock_run(run_dir: Path) -> Any:

@@ -497,8 +497,8 @@ policy). On the 16 held-out runs compared in ``benchmarks/results/README.md`` (s
 47: tech tree, quickstart, LLM quickstart), ``best.pt``'s sampled paths were 8-41 % longer
 than ``final.pt``'s on every run and its sampled success lower on 10 runs, higher on 5;
 greedy, it succeeded a little more often (on 8 runs, by 0.5-2 points; less often on 1). With the
-length tie-break (session 51: quickstart and tech tree, 13 runs), ``best.pt`` is about as good as
-``final.pt``: sampled success higher on 6 runs, equal on 5, lower on 2; paths 0.96-1.11× as long."""
+length tie-break (session 51, the same 16 runs), ``best.pt`` is about as good as ``final.pt``:
+sampled success higher on 8 runs, equal on 5, lower on 3; paths 0.96-1.11× as long."""
 
 
 def _eval_target(args: argparse.Namespace) -> tuple[Path | None, Any]:

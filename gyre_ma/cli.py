@@ -593,19 +593,28 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     from gyre_ma.experiment import load_experiment, run_experiment, run_state
 
+    if args.ray and args.jobs is not None:
+        raise UsageError("--jobs sets how many local processes run at once; with --ray, Ray runs as many runs at "
+                         "once as the cluster has CPUs: drop one of them")
+    if args.ray_address is not None and not args.ray:
+        raise UsageError("--ray-address is the cluster the runs go to with --ray; add --ray")
     exp = load_experiment(args.file, root=args.root)  # every run's config is checked before any runs
     done = sum(run_state(exp.run_dir(r)) == "done" for r in exp.runs)
-    console.print(f"experiment {exp.spec.name!r}: {len(exp.runs)} runs ({len(exp.spec.variants)} variants × "
-                  f"{len(exp.spec.seed_list)} seeds), {done} already done; folder {exp.folder}", markup=False,
-                  soft_wrap=True)
+    console.print(f"experiment {exp.spec.name!r}: {_count(len(exp.runs), 'run')} "
+                  f"({_count(len(exp.spec.variants), 'variant')} × {_count(len(exp.spec.seed_list), 'seed')}), "
+                  f"{done} already done; folder {exp.folder}", markup=False, soft_wrap=True)
     view = Live(console=console, auto_refresh=False, transient=False) if not args.quiet else contextlib.nullcontext()
-    with view as live:
-        def show(records: list) -> None:
-            if live is not None:
-                live.update(_experiment_table(exp, records), refresh=True)
+    try:
+        with view as live:
+            def show(records: list) -> None:
+                if live is not None:
+                    live.update(_experiment_table(exp, records), refresh=True)
 
-        records = run_experiment(exp, jobs=args.jobs, use_ray=args.ray, ray_address=args.ray_address,
-                                 on_progress=show if not args.quiet else None)
+            records = run_experiment(exp, jobs=args.jobs or 1, use_ray=args.ray, ray_address=args.ray_address,
+                                     on_progress=show if not args.quiet else None)
+    finally:
+        if not args.quiet:
+            console.print()  # the live table leaves the cursor at its last line's end
     failed = [r for r in records if r.state == "failed"]
     for r in failed:
         err_console.print(f"run {r.run.name}: {r.error}", markup=False, soft_wrap=True)
@@ -617,6 +626,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     console.print(f"all {len(records)} runs done; the report: gyre-ma report {exp.folder}", markup=False,
                   soft_wrap=True)
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _experiment_table(exp: Any, records: list) -> Table:
@@ -709,7 +722,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="PNG path (default RUN_DIR/curves.png)")
     p = sub.add_parser("experiment", help="train seeds × variants of an experiment file, in parallel; rerun to resume")
     p.add_argument("file", help="experiment YAML (base config, variants, seeds, budget, report, evaluation)")
-    p.add_argument("--jobs", type=int, default=1, help="runs at once as local processes (one torch thread each)")
+    p.add_argument("--jobs", type=int, help="runs at once as local processes (one torch thread each; default 1); "
+                   "not with --ray, where Ray runs as many as the cluster has CPUs")
     p.add_argument("--ray", action="store_true", help="run each run as a Ray task instead")
     p.add_argument("--ray-address", help="with --ray: an existing cluster's address (default: start one here)")
     p.add_argument("--root", help="override the experiment's root folder")

@@ -179,6 +179,12 @@ class Experiment:
     base: Path
     folder: Path
     runs: list[RunSpec]
+    workdir: Path | None = None
+    """The folder the experiment was started in, where each run's process starts too (it
+    imports the user's modules from there), wherever it runs: a Ray task on an existing
+    cluster starts in the folder the cluster was started in."""
+    pythonpath: str | None = None
+    """The starting process's ``PYTHONPATH``, which each run's process is given."""
 
     @property
     def runs_dir(self) -> Path:
@@ -199,7 +205,7 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
         spec = ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source.name}: {_format_error(exc.errors(include_url=False)[0], ExperimentSpec)}") from None
-    base = (source.parent / spec.base)
+    base = (source.parent / spec.base).absolute()  # a Ray task on a cluster starts in another folder
     if not base.is_file():
         raise ConfigError(f"{source.name}: 'base': config {str(base)!r} does not exist (the path is relative to "
                           "the experiment file's folder)")
@@ -223,7 +229,7 @@ def load_experiment(path: str | Path, *, root: str | None = None) -> Experiment:
             except ConfigError as exc:
                 raise ConfigError(f"{source.name}: variant {variant!r}: {exc}") from None
             runs.append(run)
-    return Experiment(spec, source, base, folder, runs)
+    return Experiment(spec, source, base, folder, runs, workdir=Path.cwd(), pythonpath=os.environ.get("PYTHONPATH"))
 
 
 def _sb3_spec(data: Any, where: str) -> SB3Spec | None:
@@ -353,7 +359,8 @@ def play_run(exp: Experiment, run: RunSpec, progress: Progress | None = None) ->
         write_text(run_dir / "config.yaml", dump_config(config))
     if progress is not None:
         progress.state = {"new": "training", "partial": "resuming", "trained": "evaluating"}[state]
-    _call(play_command(exp, run, state), logs / f"{run.name}.log", "the run")
+    _call(play_command(exp, run, state), logs / f"{run.name}.log", "the run", cwd=exp.workdir,
+          pythonpath=exp.pythonpath)
 
 
 class RunFailed(RuntimeError):
@@ -373,12 +380,15 @@ _CHILDREN_LOCK = threading.Lock()
 """The run processes now running, so that an interrupted experiment can stop them."""
 
 
-def _call(cmd: list[str], log: Path, what: str) -> None:
+def _call(cmd: list[str], log: Path, what: str, *, cwd: Path | None = None, pythonpath: str | None = None) -> None:
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     with log.open("ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                preexec_fn=_die_with_parent)
         with _CHILDREN_LOCK:
             _CHILDREN.add(proc)
         try:
@@ -487,7 +497,10 @@ def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None) -> N
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        from gyre_ma.backends.ray_start import start_ray
+
+        start_ray({"address": address} if address else None, where="--ray-address", log_to_driver=False,
+                  include_dashboard=False)
 
     @ray.remote(num_cpus=1, max_retries=0)
     def task(run: RunSpec) -> str | None:

@@ -303,7 +303,8 @@ class TaskGraph:
             linewidths=[3 if n in self.goals else 1 for n in g],
         )
         nx.draw_networkx_labels(
-            g, pos, ax=ax, labels={n: "\n".join(textwrap.wrap(n.replace("_", " "), 10, break_long_words=False)) for n in g}, font_size=8
+            g, pos, ax=ax, font_size=8,
+            labels={n: "\n".join(textwrap.wrap(n.replace("_", " "), 10, break_long_words=False)) for n in g},
         )
         ax.legend(
             handles=[Patch(color=c, label=k) for k, c in _COLOURS.items()]

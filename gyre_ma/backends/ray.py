@@ -23,7 +23,9 @@
   no episode is ever returned in part or twice.
 
 ``ray`` is imported here only, and ``ray.init`` runs only when this backend is built
-(and only if Ray is not initialised already; then :meth:`RayBackend.close` shuts it down).
+(and only if Ray is not initialised already; then :meth:`RayBackend.close` shuts it down),
+through :func:`~gyre_ma.backends.ray_start.start_ray`: a private Ray instance unless
+``backend.ray_init.address`` (or ``RAY_ADDRESS``) names a cluster.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ import torch
 
 from gyre_ma.backends.base import TaskLike, coerce_tasks
 from gyre_ma.backends.engine import EpisodeFault
+from gyre_ma.backends.ray_start import start_ray
 from gyre_ma.backends.worker import RolloutWorker, Weights
 from gyre_ma.options.errors import UserCodeError
 from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask
@@ -159,7 +163,8 @@ class RayBackend:
         self.cpus_per_worker = cpus_per_worker
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            ray.init(**({"include_dashboard": False} | dict(init or {})))
+            start_ray(init, include_dashboard=False)
+        self._warn_short_of_cpus(sum(counts.values()))
         self._actor_class = ray.remote(RolloutActor)
         self._slots: list[_Slot] = []
         for role, n in counts.items():
@@ -251,6 +256,18 @@ class RayBackend:
         self.close()
 
     # ---------------------------------------------------------------- machinery
+    def _warn_short_of_cpus(self, workers: int) -> None:
+        """Say so where the cluster cannot run every worker at once: the others wait to
+        start, and a run long enough stops at ``startup_timeout_s``."""
+        cpus = ray.cluster_resources().get("CPU", 0)
+        need = workers * self.cpus_per_worker
+        if need > cpus:
+            warnings.warn(f"backend.workers={workers} × backend.cpus_per_worker={self.cpus_per_worker:g} needs "
+                          f"{need:g} CPUs and the Ray cluster has {cpus:g}: {int(cpus // self.cpus_per_worker)} "
+                          f"worker(s) can run at once, the others wait to start (past backend.startup_timeout_s="
+                          f"{self.startup_timeout_s:g} s the run stops); lower backend.workers", RuntimeWarning,
+                          stacklevel=3)
+
     def _spawn(self, index: int) -> Any:
         options = {"max_restarts": self.max_restarts, "max_task_retries": 0, "num_cpus": self.cpus_per_worker}
         return self._actor_class.options(**options).remote(self.config, index, self.roles)

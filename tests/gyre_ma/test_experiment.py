@@ -185,6 +185,31 @@ def test_runs_play_as_ray_tasks(tmp_path):
     assert "all 2 runs done" in out.stdout
 
 
+def test_a_run_plays_from_the_folder_the_experiment_started_in_wherever_its_process_starts(tmp_path, monkeypatch):
+    """A Ray task on an existing cluster starts in the folder the cluster was started in: the
+    base config, given relative to the experiment file, was resolved there ("config file
+    '/tmp/warehouse/mywarehouse.yaml' does not exist"), and the user's modules, imported
+    from the folder gyre-ma runs in, would not be found."""
+    from gyre_ma.experiment import play_run
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "my_grid.py").write_text("from gyre_ma.envs.registry import make_env\n\n"
+                                         "def make():\n    return make_env('coverage_v0')\n")
+    _experiment(project, seeds=1, iterations=1)
+    base = project / "base.yaml"
+    base.write_text(base.read_text().replace("env: {id: coverage_v0}", "env: {id: 'my_grid:make'}\n"
+                                             "library: gyre_ma.envs.coverage.options:make_library"))
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    exp = load_experiment("tiny.yaml")  # relative, as a user types it
+    monkeypatch.chdir(elsewhere)  # where a cluster's worker would run the task
+    play_run(exp, exp.runs[0])
+    assert run_state(exp.run_dir(exp.runs[0])) == "done"
+    assert not any(elsewhere.iterdir())
+
+
 def test_experiment_files_are_validated_like_configs_naming_the_key(tmp_path, capsys):
     assert main(["check", str(_experiment(tmp_path))]) == 0
     assert "experiment 'tiny_grid': valid — 4 runs (anchored, plain_gae × 2 seeds)" in capsys.readouterr().out

@@ -352,3 +352,15 @@ def test_a_batch_is_split_evenly_among_the_actors_taking_it(ray_backend):
 def test_ray_workers_per_role_are_validated(ray_backend, local):
     with pytest.raises(ValueError, match="unknown roles"):
         make_backend("ray", ray_backend.config, workers={"critic": 1})
+
+
+def test_more_workers_than_the_cluster_can_run_are_warned_about(ray_backend):
+    """workers=8 on 2 CPUs ran 2 actors and said nothing (the others never started)."""
+    with pytest.warns(RuntimeWarning, match=r"backend.workers=3 × backend.cpus_per_worker=1 needs 3 CPUs and the "
+                                            r"Ray cluster has 2: 2 worker\(s\) can run at once"):
+        ray_backend._warn_short_of_cpus(3)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ray_backend._warn_short_of_cpus(2)  # what it was built with: no warning

@@ -94,6 +94,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     side = [m.name for m in graph.milestones if m.side_effect]
     if side:
         console.print(f"side-effect milestones (no option of their own): {', '.join(side)}", markup=False)
+    if graph.unneeded:
+        paid = [f"{n} ({graph.milestone(n).reward:g}{', not given' if n in graph.implicit_rewards else ''})"
+                for n in graph.unneeded]
+        console.print(f"milestones no goal needs, with the reward each pays when first verified: {', '.join(paid)} "
+                      "(each pays the learner to reach it, needed or not: give reward 0 to one that should not)",
+                      markup=False, soft_wrap=True)
+    if env is not None:
+        differs = _graph_differences(env.task_graph(), graph)
+        if differs:
+            console.print(f"note: the library's task graph is not env.task_graph(): {differs}; the learner's "
+                          "rewards, and which options are eligible, follow the library's", markup=False,
+                          soft_wrap=True)
     if config is not None:
         console.print(f"config {args.source!r}: valid (run name {config.name!r}, env {config.env.id})")
         if args.play < 0:
@@ -102,6 +114,23 @@ def cmd_check(args: argparse.Namespace) -> int:
             _play_check(config, library, env, args.play)
     console.print("[green]ok[/green]")
     return 0
+
+
+def _graph_differences(env_graph: Any, graph: Any) -> str:
+    """What differs between the env's task graph and the library's (same milestones: ``make_library``
+    refuses others): goals, rewards, prerequisites; empty where nothing does."""
+    parts = []
+    if set(env_graph.goals) != set(graph.goals):
+        parts.append(f"goals {list(graph.goals)} (the env's {list(env_graph.goals)})")
+    rewards = [n for n in graph.names if env_graph.milestone(n).reward != graph.milestone(n).reward]
+    if rewards:
+        parts.append("rewards of " + ", ".join(f"{n} {graph.milestone(n).reward:g} (the env's "
+                                               f"{env_graph.milestone(n).reward:g})" for n in rewards))
+    needs = [n for n in graph.names if (env_graph.milestone(n).requires, env_graph.milestone(n).any_of)
+             != (graph.milestone(n).requires, graph.milestone(n).any_of)]
+    if needs:
+        parts.append(f"prerequisites of {needs}")
+    return "; ".join(parts)
 
 
 def _sub_policy(policy: Any) -> str:

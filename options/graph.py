@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -26,8 +26,12 @@ class Milestone:
 
     name: str
     description: str = ""
-    reward: float = 1.0
-    """Reward weight paid on the first verified achievement in an episode."""
+    reward: float | None = None
+    """Reward weight paid on the first verified achievement in an episode. None (not given):
+    1.0 where a goal needs the milestone (a goal, or a prerequisite of one, alternatives
+    included), 0.0 where none does, so a milestone declared only to be verified and seen
+    (a distractor, a side task) does not pay the learner to detour for it; the
+    :class:`TaskGraph` fills it in."""
     verifier: str | None = None
     """Reference (``module:callable``) to the state predicate that verifies it."""
     duration: float = 1.0
@@ -48,6 +52,8 @@ class TaskGraph:
     milestones: tuple[Milestone, ...]
     goals: tuple[str, ...]
     graph: nx.DiGraph = field(init=False, repr=False, compare=False)
+    implicit_rewards: frozenset[str] = field(init=False, repr=False, compare=False)
+    """Milestones whose reward was not given (filled in from whether a goal needs them)."""
 
     def __post_init__(self) -> None:
         graph = nx.DiGraph()
@@ -87,7 +93,21 @@ class TaskGraph:
                 raise ValueError(
                     f"task graph: goal {goal!r} is not a milestone; known: {sorted(seen)}"
                 )
+        needed = set(self.goals).union(*(nx.ancestors(graph, g) for g in self.goals))
+        implicit = frozenset(m.name for m in self.milestones if m.reward is None)
+        filled = tuple(replace(m, reward=1.0 if m.name in needed else 0.0) if m.name in implicit else m
+                       for m in self.milestones)
+        for m in filled:
+            graph.nodes[m.name]["milestone"] = m
+        object.__setattr__(self, "milestones", filled)
+        object.__setattr__(self, "implicit_rewards", implicit)
         object.__setattr__(self, "graph", graph)
+
+    @property
+    def unneeded(self) -> tuple[str, ...]:
+        """Milestones no goal needs (neither a goal nor a prerequisite of one)."""
+        needed = set(self.goals).union(*(nx.ancestors(self.graph, g) for g in self.goals))
+        return tuple(m.name for m in self.milestones if m.name not in needed)
 
     @staticmethod
     def _check_known(known: set[str], node: str, dep: str) -> None:
@@ -162,7 +182,8 @@ class TaskGraph:
         for m in self.milestones:
             attrs: dict[str, Any] = {}
             for key in ("description", "reward", "verifier", "duration", "side_effect"):
-                if getattr(m, key) != getattr(default, key):
+                implicit = key == "reward" and m.name in self.implicit_rewards  # filled in: leave it to be again
+                if getattr(m, key) != getattr(default, key) and not implicit:
                     attrs[key] = getattr(m, key)
             if m.requires:
                 attrs["requires"] = list(m.requires)

@@ -232,3 +232,39 @@ def test_check_takes_set_overrides_as_train_does(capsys):
     assert "'train.lr': Input should be greater than 0 (got -1)" in capsys.readouterr().err
     assert main(["check", quickstart, "--play", "1", "--set", "env.kwargs.goal=make_wood_pickaxe"]) == 0
     assert "goals ['make_wood_pickaxe'] reached" in " ".join(capsys.readouterr().out.split())
+
+
+def test_check_names_milestones_no_goal_needs_and_a_library_graph_unlike_the_envs(tmp_path, capsys, monkeypatch):
+    """A new user's Crafter library paid four side milestones by default, and its graph (given
+    twice: to the adapter and to the library) differed from the env's in rewards; ``check``
+    said "ok" to both."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "two_graphs", raising=False)
+    (tmp_path / "two_graphs.py").write_text(
+        "from gyre_ma.envs.coverage.options import make_library as coverage_library\n"
+        "from gyre_ma.options import OptionLibrary, TaskGraph\n\n"
+        "def make(env):\n"
+        "    library = coverage_library(env=env)\n"
+        "    spec = library.graph.to_spec()\n"
+        "    spec['goals'] = ['covered_2']\n"
+        "    spec['milestones']['covered_2']['reward'] = 3\n"
+        "    for name in ('covered_0', 'covered_1'):\n"
+        "        spec['milestones'][name].pop('reward')\n"
+        "    mine = OptionLibrary(library.name, TaskGraph.from_spec(spec))\n"
+        "    for option in library:\n"
+        "        mine.add(option)\n"
+        "    return mine\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("name: c\nenv: {id: coverage_v0}\nlibrary: 'two_graphs:make'\n")
+    assert main(["check", str(config), "--play", "0"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("milestones no goal needs, with the reward each pays when first verified: covered_0 (0, not given), "
+            "covered_1 (0, not given)") in out, out
+    assert ("note: the library's task graph is not env.task_graph(): goals ['covered_2'] (the env's ['covered_0', "
+            "'covered_1', 'covered_2']); rewards of covered_0 0 (the env's 0.333333), covered_1 0 (the env's "
+            "0.333333), covered_2 3 (the env's 0.333333); the learner's rewards, and which options are eligible, "
+            "follow the library's") in out, out
+    quickstart = str(Path(__file__).parents[2] / "configs" / "quickstart.yaml")
+    assert main(["check", quickstart, "--play", "0"]) == 0  # explicit rewards: listed, no note
+    out = " ".join(capsys.readouterr().out.split())
+    assert "collect_diamond (1)," in out and "note:" not in out

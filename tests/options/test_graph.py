@@ -156,3 +156,28 @@ def test_graph_with_a_cycle_is_rejected_naming_a_node_on_it(spec, data):
 def test_spec_roundtrip_property(spec):
     g = TaskGraph.from_spec(spec)
     assert TaskGraph.from_spec(g.to_spec()) == g
+
+
+def test_a_milestone_no_goal_needs_pays_nothing_unless_its_reward_is_given():
+    """Every milestone paid 1.0 by default: a new user's Crafter graph declared four side
+    achievements to see them verified, and the default learner detoured for all four on
+    97 % of greedy episodes (paths 2.4x the oracle's). A milestone a goal needs (through
+    requires or any_of) still pays 1.0; one no goal needs pays 0 unless given a reward."""
+    spec = {"goals": ["serve"], "milestones": {
+        "eggs": {}, "tea": {}, "coffee": {}, "drink": {"any_of": [["tea", "coffee"]]},
+        "serve": {"requires": ["eggs", "drink"], "reward": 5},
+        "sapling": {}, "sword": {"requires": ["eggs"]}, "coal": {"reward": 0.25}}}
+    graph = TaskGraph.from_spec(spec)
+    rewards = {m.name: m.reward for m in graph.milestones}
+    assert rewards == {"eggs": 1.0, "tea": 1.0, "coffee": 1.0, "drink": 1.0, "serve": 5.0,
+                       "sapling": 0.0, "sword": 0.0, "coal": 0.25}
+    assert graph.unneeded == ("sapling", "sword", "coal")
+    assert graph.implicit_rewards == {"eggs", "tea", "coffee", "drink", "sapling", "sword"}
+    assert graph.to_spec() == {"goals": ["serve"], "milestones": {k: {a: v for a, v in attrs.items()}
+                                                                  for k, attrs in spec["milestones"].items()}
+                               | {"serve": {"requires": ["eggs", "drink"], "reward": 5.0}}}
+    assert TaskGraph.from_spec(graph.to_spec()) == graph
+    other_goal = TaskGraph.from_spec({**spec, "goals": ["sword"]})  # filled in from the goals of this graph
+    assert {m.name: m.reward for m in other_goal.milestones}["sword"] == 1.0
+    assert {m.name: m.reward for m in other_goal.milestones}["tea"] == 0.0
+    assert graph.graph.nodes["sapling"]["milestone"].reward == 0.0  # the node payload is the filled-in one

@@ -482,6 +482,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_row("option calls to the goal (successes)", f"{metrics['calls_to_goal']:.1f}")
     table.add_row("agents lost per episode", f"{metrics['agents_lost']:.2f}")
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
+    table.add_row("failed episodes: the env ended them / the step cap cut them",
+                  f"{metrics['failed_env_ended']:.1%} / {metrics['failed_step_cap']:.1%}")
     table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}{_ci_text(length_ci)}")
     table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
     if "llm/requests" in metrics:

@@ -91,7 +91,9 @@ class Monitor:
     def spot_check(self, iteration: int, trajectories: list, library: Any, n: int,
                    rng: np.random.Generator) -> Path | None:
         """Dump ``n`` random trajectories as readable Markdown: per agent, the options in
-        order with their length, reward, milestones and why they ended."""
+        order with their length, the env's own reward over the call, what the learner was
+        paid for it (the arbitrated reward it backs up: milestones, rules, outcome; the env's
+        only as ``rewards.env_reward`` weighs it), the milestones and why it ended."""
         if n <= 0 or not trajectories:
             return None
         folder = self.run_dir / "spot_checks"
@@ -101,15 +103,17 @@ class Monitor:
         for k in sorted(int(p) for p in picks):
             t = trajectories[k]
             verdict = "**verified success**" if t.success else "not completed"
+            paid = sum(c.reward for c in t.calls)
             lines += [f"## Trajectory {k} — task seed {t.task_seed}, policy v{t.policy_version}",
-                      f"{verdict}; {t.length} steps; reward {t.total_reward:.3g}; "
-                      f"milestones: {', '.join(f'{m}@{s}' for m, s in t.milestone_steps.items()) or 'none'}", "",
-                      "| agent | step | option | steps | reward | milestones | ended by |",
-                      "|---|---|---|---|---|---|---|"]
+                      f"{verdict}; {t.length} steps; env reward {t.total_reward:.3g}; paid to the learner "
+                      f"{paid:.3g}; milestones: "
+                      f"{', '.join(f'{m}@{s}' for m, s in t.milestone_steps.items()) or 'none'}",
+                      "", "| agent | step | option | steps | env reward | paid | milestones | ended by |",
+                      "|---|---|---|---|---|---|---|---|"]
             for c in t.calls:
                 ended = c.termination.value if c.termination else "—"
                 lines.append(f"| {c.agent} | {c.start_step} | {library[c.option].name} | {c.duration} | "
-                             f"{c.raw_reward:.3g} | {', '.join(c.milestones) or ''} | {ended} |")
+                             f"{c.raw_reward:.3g} | {c.reward:.3g} | {', '.join(c.milestones) or ''} | {ended} |")
             lines.append("")
         path = folder / f"iteration_{iteration:05d}.md"
         atomic_write(path, "\n".join(lines).encode(), sync_dir=False)

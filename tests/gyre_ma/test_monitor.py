@@ -136,3 +136,29 @@ def test_a_row_with_the_same_keys_is_appended_not_the_file_rewritten(tmp_path, m
     monitor.log(iteration(5, **{"new/key": 1.0}), step=600)  # a new key widens the header: one rewrite
     assert len(rewrites) == 1
     monitor.close()
+
+
+def test_spot_checks_show_the_envs_reward_and_what_the_learner_was_paid_apart(tmp_path):
+    """One "reward" column showed the env's own reward (a new user's Crafter paid +1 per
+    achievement there), while the learner is paid the arbitrated one: the column misled."""
+    import numpy as np
+
+    from gyre_ma.options.examples import breakfast
+    from gyre_ma.options.option import Termination
+    from gyre_ma.rollout import OptionCall, Trajectory
+
+    library = breakfast()
+    traj = Trajectory(task_seed=7, policy_version=3, horizon=100)
+    traj.total_reward, traj.length = 2.0, 30
+    for option, raw, paid in ((0, 1.0, 0.25), (1, 1.0, 0.0)):
+        call = OptionCall(agent="a", agent_index=0, option=option, observation=None, mask=None, achieved=frozenset(),
+                          last_option=-1, time_fraction=0.0, log_prob=0.0, value=0.0, start_step=option * 10,
+                          policy_version=3, task_seed=7)
+        call.raw_reward, call.reward, call.duration, call.termination = raw, paid, 10, Termination.DONE
+        traj.calls.append(call)
+    path = Monitor(tmp_path).spot_check(0, [traj], library, 1, np.random.default_rng(0))
+    text = path.read_text()
+    assert "env reward 2; paid to the learner 0.25;" in text
+    assert "| agent | step | option | steps | env reward | paid | milestones | ended by |" in text
+    assert f"| a | 0 | {library[0].name} | 10 | 1 | 0.25 |  | done |" in text
+    assert f"| a | 10 | {library[1].name} | 10 | 1 | 0 |  | done |" in text

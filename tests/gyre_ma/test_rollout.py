@@ -309,3 +309,41 @@ def test_a_pickled_trajectory_keeps_every_call_and_ships_its_arrays_as_columns()
     mixed = pickle.loads(pickle.dumps(traj))
     assert mixed.calls[1].observation == {"text": "a dict observation"}
     assert np.array_equal(mixed.calls[0].observation, traj.calls[0].observation)
+
+
+def test_failed_episodes_are_told_apart_by_how_they_ended():
+    """A new user's Crafter agent died at night and the env ended the episode; eval showed
+    0 agents lost and 0 % dead ends, and nothing else about why 35 % of episodes failed."""
+    from gyre_ma.envs.registry import make_env as make_registered
+    from gyre_ma.metrics import episode_metrics
+
+    env = make_registered("coverage_v0", max_cycles=6)
+    library = OptionLibrary("idle", env.task_graph())
+    for name in env.task_graph().names:
+        library.add(Option(f"go_{name}", lambda ctx: 0, milestone=name, max_steps=2))
+    capped = run_episode(env, library, RandomManager(seed=0), seed=0)  # standing still: the cap cuts it
+    assert not capped.success and capped.length == capped.horizon == 6
+
+    class Dies:  # the env itself ends the episode at step 2: every agent terminated
+        def __init__(self, inner):
+            self.inner, self.steps = inner, 0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def reset(self, seed=None, options=None):
+            self.steps = 0
+            return self.inner.reset(seed=seed, options=options)
+
+        def step(self, actions):
+            observations, rewards, terms, truncs, infos = self.inner.step(actions)
+            self.steps += 1
+            if self.steps >= 2:
+                terms = dict.fromkeys(terms, True)
+                self.inner.agents = []
+            return observations, rewards, terms, truncs, infos
+
+    died = run_episode(Dies(make_registered("coverage_v0", max_cycles=6)), library, RandomManager(seed=0), seed=0)
+    assert not died.success and died.length == 2
+    metrics = episode_metrics([capped, died, died, capped, died], ())
+    assert metrics["failed_env_ended"] == 0.6 and metrics["failed_step_cap"] == 0.4 and metrics["dead_ends"] == 0

@@ -125,7 +125,9 @@ class Monitor:
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Learning curves (success, episode length, reward) and per-milestone rates vs env
-    steps, from a run directory's ``metrics.csv``, to a PNG."""
+    steps, from a run directory's ``metrics.csv``, to a PNG: the training episodes' and,
+    where the run validated, the held-out validation's success and length, sampled and
+    greedy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,9 +147,19 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
                            (axes[0, 1], "episode_length", "episode length (primitive steps)"),
                            (axes[1, 0], "episode_reward", "episode reward")):
         if key in columns:
-            ax.plot(x, columns[key])
+            ax.plot(x, columns[key], label="training episodes")
         ax.set_title(label)
         ax.set_xlabel("env steps")
+    held_out = False  # the held-out validation the progress line shows, where the run ran one
+    for mode, style in (("sampled", "-"), ("greedy", "--")):
+        for ax, key in ((axes[0, 0], f"validation/{mode}_success"), (axes[0, 1], f"validation/{mode}_length")):
+            if key in columns and np.isfinite(columns[key]).any():
+                seen = np.isfinite(columns[key])  # validated iterations only
+                ax.plot(x[seen], columns[key][seen], style, marker=".", label=f"held-out validation, {mode}")
+                held_out = True
+    if held_out:
+        axes[0, 0].legend(fontsize=7)
+        axes[0, 1].legend(fontsize=7)
     for m in milestones:
         axes[1, 1].plot(x, columns[m], label=m.split("/", 1)[1])
     axes[1, 1].set_title("milestone rates")

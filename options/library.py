@@ -162,6 +162,11 @@ class OptionLibrary:
     def __iter__(self) -> Iterator[Option]:
         return iter(self._options)
 
+    @property
+    def options(self) -> tuple[Option, ...]:
+        """The options, in the order the manager indexes them (``for option in library`` too)."""
+        return tuple(self._options)
+
     def __len__(self) -> int:
         return len(self._options)
 

@@ -162,3 +162,29 @@ def test_spot_checks_show_the_envs_reward_and_what_the_learner_was_paid_apart(tm
     assert "| agent | step | option | steps | env reward | paid | milestones | ended by |" in text
     assert f"| a | 0 | {library[0].name} | 10 | 1 | 0.25 |  | done |" in text
     assert f"| a | 10 | {library[1].name} | 10 | 1 | 0 |  | done |" in text
+
+
+def test_plot_draws_the_held_out_validation_beside_the_training_episodes(tmp_path, monkeypatch):
+    """`gyre-ma plot` drew the training episodes' curves only, not the held-out figures the
+    progress line shows."""
+    import matplotlib.axes
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        drawn.append((kwargs.get("label"), list(args[1]) if len(args) > 1 else None))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    monitor = Monitor(tmp_path)
+    for i in range(4):
+        validated = {"validation/sampled_success": i / 4, "validation/greedy_success": 1.0,
+                     "validation/sampled_length": 40.0 - i, "validation/greedy_length": 30.0} if i % 2 else {}
+        monitor.log(iteration(i, **validated), step=100 * (i + 1))
+    monitor.close()
+    plot_run(tmp_path)
+    labels = dict(drawn)
+    assert labels["held-out validation, sampled"] in ([0.25, 0.75], [39.0, 37.0])  # validated iterations only
+    assert {"training episodes", "held-out validation, sampled", "held-out validation, greedy"} <= set(labels)
+    assert sum(label == "held-out validation, greedy" for label, _ in drawn) == 2  # success and length

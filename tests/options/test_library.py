@@ -194,3 +194,12 @@ def test_readme_worked_example_is_the_shipped_one_and_short(tmp_path):
     lib = namespace["breakfast"]()
     assert len(lib) >= 6
     lib.graph.draw(str(tmp_path / "b.png"))
+
+
+def test_a_librarys_options_are_a_public_tuple_in_index_order():
+    """A new user tried ``library.options`` (AttributeError) before finding ``for o in library``."""
+    from gyre_ma.options.examples import breakfast
+
+    library = breakfast()
+    assert library.options == tuple(library) and [o.name for o in library.options] == list(library.names)
+    assert [library.index(o.name) for o in library.options] == list(range(len(library)))

@@ -63,7 +63,12 @@ def _load_library_and_config(source: str, overrides: dict[str, Any] | None = Non
     return OptionLibrary.load(source), None, None
 
 
+_PLAYED_KEYS = ("env", "library", "library_kwargs", "manager", "rewards", "train.max_steps")
+"""Config keys (and the sections under them) whose override changes what an episode plays."""
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    variants: dict[str, dict[str, Any]] = {}
     if _is_experiment_file(args.source):
         from gyre_ma.experiment import load_experiment
 
@@ -72,7 +77,23 @@ def cmd_check(args: argparse.Namespace) -> int:
                       f"{len(exp.spec.seed_list)} seeds) on {exp.base}; folder {exp.folder}", markup=False,
                       soft_wrap=True)
         args.source = str(exp.base)  # and the base config's library and graph below
-    library, config, env = _load_library_and_config(args.source, set_overrides(args.set))
+        for run in exp.runs:  # and each variant that plays otherwise, after it
+            if run.sb3 is None and any(k == p or k.startswith(p + ".") for k in run.overrides for p in _PLAYED_KEYS):
+                variants.setdefault(run.variant, run.overrides)
+    code = _check_one(args, set_overrides(args.set))
+    for variant, overrides in variants.items():
+        console.print(f"variant {variant!r} (it changes {sorted(k for k in overrides if k.startswith(_PLAYED_KEYS))}):",
+                      markup=False, soft_wrap=True)
+        library, config, env = _load_library_and_config(args.source, overrides)
+        if args.play:
+            _play_check(config, library, env, args.play)
+    if variants:
+        console.print("[green]ok[/green]")
+    return code
+
+
+def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    library, config, env = _load_library_and_config(args.source, overrides)
     graph = library.graph
     length, path = graph.critical_path()
     table = Table(title=f"option library {library.name!r}: {len(library)} options")

@@ -460,3 +460,19 @@ def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_an
                                          r"any run; the runs log \['env_steps', 'iteration', "
                                          r"'validation/sampled_length', 'validation/sampled_success'\]"):
         write_report(folder)
+
+
+def test_check_of_an_experiment_plays_each_variant_that_plays_otherwise(tmp_path, capsys):
+    """check played the base config only: a variant whose env could not be built passed it
+    and failed every run."""
+    path = _experiment(tmp_path)
+    text = path.read_text().replace("plain_gae: {credit: {mode: plain}}",
+                                    "plain_gae: {credit: {mode: plain}}\n  two: {env: {kwargs: {n_agents: 2}}}")
+    path.write_text(text)
+    assert main(["check", str(path), "--play", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "variant 'two' (it changes ['env.kwargs.n_agents']): played 1 episode by a random order" in out, out
+    assert "variant 'plain_gae'" not in out  # credit changes how it learns, not what it plays
+    path.write_text(text.replace("n_agents: 2", "n_agents: 3, size: 2"))
+    assert main(["check", str(path), "--play", "0"]) == 2
+    assert "size" in capsys.readouterr().err

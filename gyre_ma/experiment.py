@@ -504,6 +504,9 @@ def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None) -> N
 
     @ray.remote(num_cpus=1, max_retries=0)
     def task(run: RunSpec) -> str | None:
+        marker = _ray_start_marker(exp, run)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()  # the driver reads when Ray started it: until then the run waits in Ray's queue
         try:
             play_run(exp, run)
         except RunFailed as exc:
@@ -512,12 +515,27 @@ def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None) -> N
 
     pending = {task.remote(rec.run): rec for rec in todo}
     for rec in todo:
-        rec.state, rec.started = "running on ray", time.time()
+        rec.state, rec.started = "queued on ray", None
+        _ray_start_marker(exp, rec.run).unlink(missing_ok=True)
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+        for rec in pending.values():
+            marker = _ray_start_marker(exp, rec.run)
+            if rec.started is None and marker.is_file():
+                rec.state, rec.started = "running on ray", marker.stat().st_mtime
+        if not ready:
+            continue
         rec = pending.pop(ready[0])
         error = ray.get(ready[0])
         rec.state, rec.error, rec.ended = ("failed", error, time.time()) if error else ("done", None, time.time())
+        rec.started = rec.started if rec.started is not None else rec.ended
+        _ray_start_marker(exp, rec.run).unlink(missing_ok=True)
+
+
+def _ray_start_marker(exp: Experiment, run: RunSpec) -> Path:
+    """A file the run's Ray task makes as it starts: the progress table's time counts the
+    run's own, not its wait in Ray's queue behind the runs holding the cluster's CPUs."""
+    return exp.folder / "logs" / f"{run.name}.ray-started"
 
 
 def _record_spec(exp: Experiment) -> None:

@@ -183,6 +183,7 @@ def test_runs_play_as_ray_tasks(tmp_path):
     folder = tmp_path / "root" / "tiny_grid"
     assert [run_state(folder / "runs" / n) for n in ("anchored-s0", "plain_gae-s0")] == ["done", "done"]
     assert "all 2 runs done" in out.stdout
+    assert not list((folder / "logs").glob("*.ray-started"))  # each task's start marker, read and removed
 
 
 def test_a_run_plays_from_the_folder_the_experiment_started_in_wherever_its_process_starts(tmp_path, monkeypatch):

@@ -67,6 +67,11 @@ _PLAYED_KEYS = ("env", "library", "library_kwargs", "manager", "rewards", "train
 """Config keys (and the sections under them) whose override changes what an episode plays."""
 
 
+def _plays(key: str) -> bool:
+    """Whether an override of the dotted ``key`` changes what an episode plays."""
+    return any(key == p or key.startswith(p + ".") for p in _PLAYED_KEYS)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     variants: dict[str, dict[str, Any]] = {}
     if _is_experiment_file(args.source):
@@ -78,12 +83,12 @@ def cmd_check(args: argparse.Namespace) -> int:
                       soft_wrap=True)
         args.source = str(exp.base)  # and the base config's library and graph below
         for run in exp.runs:  # and each variant that plays otherwise, after it
-            if run.sb3 is None and any(k == p or k.startswith(p + ".") for k in run.overrides for p in _PLAYED_KEYS):
+            if run.sb3 is None and any(map(_plays, run.overrides)):
                 variants.setdefault(run.variant, run.overrides)
     code = _check_one(args, set_overrides(args.set))
     for variant, overrides in variants.items():
-        console.print(f"variant {variant!r} (it changes {sorted(k for k in overrides if k.startswith(_PLAYED_KEYS))}):",
-                      markup=False, soft_wrap=True)
+        console.print(f"variant {variant!r} (it changes {sorted(filter(_plays, overrides))}):", markup=False,
+                      soft_wrap=True)
         library, config, env = _load_library_and_config(args.source, overrides)
         if args.play:
             _play_check(config, library, env, args.play)

@@ -359,8 +359,8 @@ def play_run(exp: Experiment, run: RunSpec, progress: Progress | None = None) ->
         write_text(run_dir / "config.yaml", dump_config(config))
     if progress is not None:
         progress.state = {"new": "training", "partial": "resuming", "trained": "evaluating"}[state]
-    _call(play_command(exp, run, state), logs / f"{run.name}.log", "the run", cwd=exp.workdir,
-          pythonpath=exp.pythonpath)
+    here = exp.workdir if exp.workdir is not None and exp.workdir.is_dir() else None  # a node without it: its own
+    _call(play_command(exp, run, state), logs / f"{run.name}.log", "the run", cwd=here, pythonpath=exp.pythonpath)
 
 
 class RunFailed(RuntimeError):

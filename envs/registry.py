@@ -7,7 +7,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from gyre_ma.options.errors import user_call
+from gyre_ma.options.errors import parameters_of, user_call
 from gyre_ma.options.library import OptionLibrary, resolve
 
 
@@ -47,10 +47,7 @@ ENVIRONMENTS: dict[str, EnvSpec] = {
 
 def _call(factory: Any, where: str, **available: Any) -> Any:
     """Call a factory with those of ``available`` (``env``, ``library``) it takes by name."""
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = parameters_of(factory)
     required = [n for n, p in params.items()
                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                 and n not in available]

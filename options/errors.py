@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import sysconfig
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,17 @@ def callable_name(fn: Any) -> str:
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return f"{module}.{name}" if module and module != "builtins" else str(name)
+
+
+def parameters_of(factory: Any) -> Mapping[str, Any]:
+    """The parameters of ``factory``'s signature by name (``inspect.Parameter``); empty
+    where it has none to read (a builtin), so a caller asks "does it take x?" alike."""
+    import inspect
+
+    try:
+        return inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def user_call(factory: Any, where: str, **kwargs: Any) -> Any:

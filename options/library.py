@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from gyre_ma.options.errors import UserCodeError, callable_name, user_call
+from gyre_ma.options.errors import UserCodeError, callable_name, parameters_of, user_call
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.option import Option, OptionContext
 from gyre_ma.options.yaml_file import read_yaml
@@ -323,7 +323,7 @@ class OptionLibrary:
         if isinstance(factory, OptionLibrary) or not callable(factory):
             library = factory
         else:
-            if env is not None and "env" not in kwargs and _takes_env(factory):
+            if env is not None and "env" not in kwargs and "env" in parameters_of(factory):
                 kwargs = {**kwargs, "env": env}
             library = user_call(factory, f"library {text!r} (library_kwargs)", **kwargs)
         if not isinstance(library, OptionLibrary):
@@ -332,13 +332,6 @@ class OptionLibrary:
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_spec(), sort_keys=False))
-
-
-def _takes_env(factory: Any) -> bool:
-    try:
-        return "env" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # no signature to read (a builtin)
-        return False
 
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

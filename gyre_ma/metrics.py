@@ -46,11 +46,10 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     out["episode_timeouts"] = sum(bool(getattr(t, "timed_out", False)) for t in trajectories) / n
     # the other failures: the env ended the episode before the step cap (every agent
     # terminated: died, lost, ran out of its own time) or the step cap cut it
-    ended_early = [not t.success and not t.dead_ends and not getattr(t, "timed_out", False) for t in trajectories]
-    out["failed_env_ended"] = sum(e and not (t.horizon and t.length >= t.horizon)
-                                  for e, t in zip(ended_early, trajectories)) / n
-    out["failed_step_cap"] = sum(e and bool(t.horizon and t.length >= t.horizon)
-                                 for e, t in zip(ended_early, trajectories)) / n
+    failed = [t for t in trajectories if not t.success and not t.dead_ends and not getattr(t, "timed_out", False)]
+    capped = sum(bool(t.horizon) and t.length >= t.horizon for t in failed)
+    out["failed_env_ended"] = (len(failed) - capped) / n
+    out["failed_step_cap"] = capped / n
     tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
     if tools:
         out["tool_calls"] = float(np.mean(tools))

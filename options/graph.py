@@ -54,6 +54,8 @@ class TaskGraph:
     graph: nx.DiGraph = field(init=False, repr=False, compare=False)
     implicit_rewards: frozenset[str] = field(init=False, repr=False, compare=False)
     """Milestones whose reward was not given (filled in from whether a goal needs them)."""
+    unneeded: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """Milestones no goal needs (neither a goal nor a prerequisite of one)."""
 
     def __post_init__(self) -> None:
         graph = nx.DiGraph()
@@ -101,13 +103,8 @@ class TaskGraph:
             graph.nodes[m.name]["milestone"] = m
         object.__setattr__(self, "milestones", filled)
         object.__setattr__(self, "implicit_rewards", implicit)
+        object.__setattr__(self, "unneeded", tuple(m.name for m in filled if m.name not in needed))
         object.__setattr__(self, "graph", graph)
-
-    @property
-    def unneeded(self) -> tuple[str, ...]:
-        """Milestones no goal needs (neither a goal nor a prerequisite of one)."""
-        needed = set(self.goals).union(*(nx.ancestors(self.graph, g) for g in self.goals))
-        return tuple(m.name for m in self.milestones if m.name not in needed)
 
     @staticmethod
     def _check_known(known: set[str], node: str, dep: str) -> None:

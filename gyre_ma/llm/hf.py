@@ -4,7 +4,8 @@ Every request starts with the tokenizer's BOS token (its EOS where it has none),
 scoring and in generation alike, so a prompt may be empty and both operations condition
 on the same text. Scoring runs a call in one forward pass: each prompt once, left-padded,
 followed in its own row by all its candidates one after another, with a 4D attention mask
-and position ids that make each candidate see its prompt and nothing else; generation
+and position ids that make each candidate see its prompt and nothing else, the last
+layer's feed-forward block computing only the columns whose logits are read; generation
 left-pads the prompts and runs ``generate`` with its KV cache, stopping a row at its first
 stop string.
 """
@@ -95,6 +96,53 @@ def fuse_gelu(model: torch.nn.Module) -> int:
     return replaced
 
 
+class LastColumnsMLP:
+    """The last decoder layer's feed-forward block (its child ``mlp``: GPT-2, Llama, Qwen,
+    Mistral, Phi, Gemma), made to compute only a pass's last :attr:`keep` columns while
+    :attr:`keep` is set.
+
+    Scoring reads the logits of a row's last columns only (its candidates and the prompt's
+    last token), and a feed-forward block is position-wise: in the last layer nothing
+    reads its output at any other column, which is left zero. Every earlier layer, and the
+    last layer's attention (whose keys and values span every column), run in full. With
+    :attr:`keep` unset (generation, training, a plain forward pass) the block runs as it
+    is. Forward hooks, not a wrapper module, so the model's ``state_dict`` keeps its keys
+    (weights pushed into the engine load as they are)."""
+
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        self.keep: int | None = None
+        self._cut = 0
+        """Columns the current call left out (0: the block ran in full)."""
+        mlp.register_forward_pre_hook(self._slice)
+        mlp.register_forward_hook(self._pad)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> LastColumnsMLP | None:
+        """Hooks on ``model``'s last decoder layer's ``mlp``; None where it has no list of
+        ``num_hidden_layers`` layers whose last holds one."""
+        count = getattr(model.config, "num_hidden_layers", None)
+        for module in model.modules():
+            if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+                mlp = getattr(module[-1], "mlp", None)
+                return cls(mlp) if isinstance(mlp, torch.nn.Module) else None
+        return None
+
+    def _slice(self, module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        x = args[0] if args else None
+        self._cut = 0
+        if self.keep is None or not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] <= self.keep:
+            return None
+        self._cut = x.shape[1] - self.keep
+        return (x[:, self._cut:].contiguous(), *args[1:])
+
+    def _pad(self, module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+        if not self._cut:
+            return None
+        if isinstance(out, torch.Tensor):
+            return torch.nn.functional.pad(out, (0, 0, self._cut, 0))
+        return (torch.nn.functional.pad(out[0], (0, 0, self._cut, 0)), *out[1:])  # (hidden, router logits, ...)
+
+
 class TransformersEngine:
     """A causal LM from a local directory (``save_pretrained`` of a model and its tokenizer)."""
 
@@ -110,6 +158,8 @@ class TransformersEngine:
         self.model.to(self.device).eval()
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         """Whether the forward pass can skip the logits scoring does not read (``logits_to_keep``)."""
+        self._last_mlp = LastColumnsMLP.of(self.model)
+        """The last layer's feed-forward block, run on the scored columns alone (None: in full)."""
         tok = self.tokenizer
         self.start = start_token(tok, path)
         self.scoring_tokens = ScoringTokenizer(tok, self.start)
@@ -173,7 +223,8 @@ class TransformersEngine:
         prompt ends in the same column) followed by its candidates back to back (right-padded).
         A candidate's tokens attend to their prompt and to their own earlier tokens, and their
         positions go on from the prompt's end, so each is scored exactly as if it alone followed
-        the prompt; the prompt is computed once, and no KV cache is copied per candidate. The
+        the prompt; the prompt is computed once, and no KV cache is copied per candidate; the
+        last layer's feed-forward block runs on the kept columns alone (:class:`LastColumnsMLP`). The
         index arithmetic runs in NumPy: on arrays this small a NumPy op costs a fraction of a
         torch op's dispatch, and a batched call makes a few dozen of them."""
         n, counts = len(heads), [len(ts) for ts in tails]
@@ -217,9 +268,15 @@ class TransformersEngine:
             dtype = self.model.dtype
             mask = torch.zeros(sees.shape, dtype=dtype, device=dev).masked_fill_(torch.from_numpy(~sees).to(dev),
                                                                                  torch.finfo(dtype).min)
-        logits = self.model(input_ids=torch.from_numpy(ids).to(dev), attention_mask=mask,
-                            position_ids=torch.from_numpy(positions).to(dev), use_cache=False,
-                            **({"logits_to_keep": span + 1} if self._keeps_logits else {})).logits
+        if self._last_mlp is not None:
+            self._last_mlp.keep = span + 1
+        try:
+            logits = self.model(input_ids=torch.from_numpy(ids).to(dev), attention_mask=mask,
+                                position_ids=torch.from_numpy(positions).to(dev), use_cache=False,
+                                **({"logits_to_keep": span + 1} if self._keeps_logits else {})).logits
+        finally:
+            if self._last_mlp is not None:
+                self._last_mlp.keep = None
         # Kept column k predicts the token in column width + k; a candidate's first token is
         # predicted by the prompt's last column.
         source = np.where(in_cand > 0, in_row, 0)

@@ -113,6 +113,47 @@ def test_packed_scores_equal_one_at_a_time_for_ragged_prompts_and_candidates(mod
         np.testing.assert_allclose(got, [_reference_score(eng, prompt, c) for c in cands], rtol=0, atol=1e-4)
 
 
+def _tiny_llama(directory, model_dir):
+    """A 2-layer Llama (grouped-query attention, rotary positions, a gated feed-forward block)
+    over the tiny GPT-2's tokenizer, saved like any user's model."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_last_layers_feed_forward_runs_on_the_scored_columns_alone(model_dir, tmp_path, family):
+    """In a scoring pass the last decoder layer's ``mlp`` sees only the columns whose logits
+    are read (a row's candidates and its prompt's last token) and every score is still the
+    plain forward pass's; generation and a plain forward pass run it on every column."""
+    path = model_dir if family == "gpt2" else _tiny_llama(tmp_path / "llama", model_dir)
+    eng = make_engine("transformers", path)
+    layers = eng.model.transformer.h if family == "gpt2" else eng.model.model.layers
+    seen: list[int] = []
+    layers[-1].mlp.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    layers[0].mlp.register_forward_hook(lambda module, args, out: seen.append(-args[0].shape[1]))
+    prompts = [TEXTS[0], "look", ""]
+    candidates = [["go north", "go south", "look"], ["take key"], ["open door", "go north"]]
+    scores = eng.score(prompts, candidates)
+    width = 1 + max(len(eng._encode(p)) for p in prompts)
+    span = max(sum(len(eng._encode(" " + c)) for c in cands) for cands in candidates)
+    assert seen == [-(width + span), span + 1]  # the first layer in full, the last on the kept columns
+    for prompt, cands, got in zip(prompts, candidates, scores):
+        np.testing.assert_allclose(got, [_reference_score(eng, prompt, c) for c in cands], rtol=0, atol=1e-5)
+    seen.clear()
+    eng.generate(["go"], max_new_tokens=1)
+    assert seen == [-2, 2] and eng._last_mlp.keep is None
+    assert set(eng.model.state_dict()) == set(type(eng.model).from_pretrained(path).state_dict())
+
+
 def test_a_call_of_prompts_of_many_lengths_runs_in_length_groups_with_the_same_scores(model_dir, engine):
     """Requests whose prompts differ enough in length run in groups of similar length (one
     forward pass each, less padding), and score as they do in one pass; prompts of one length

@@ -4,7 +4,8 @@ A library mixes them freely with scripted and LLM-backed options; the manager or
 all alike. :class:`NeuralSubPolicy` maps the agent's observation (an array, flattened to
 float32) through a layer-normalised tanh MLP to logits over a ``Discrete`` action space. It
 acts greedily (the argmax, so a frozen option is deterministic) or, with ``sample``, draws
-from its softmax with the episode's generator (``ctx.rng``), so a run stays reproducible.
+from its softmax with the episode's generator (``ctx.rng``), so a run stays reproducible;
+pre-training measures both and saves the better (a file records which).
 
 The usual life of one: built untrained for an option, trained on that option's own
 milestone (:func:`gyre_ma.pretrain.pretrain_option`, or ``gyre-ma pretrain-option``),
@@ -15,7 +16,7 @@ or in YAML::
     - name: go_to_0
       milestone: covered_0
       kind: neural
-      neural: {weights: go_to_0.pt}     # also: sample: true
+      neural: {weights: go_to_0.pt}     # also: sample: true | false (default: as saved)
 
 The manager's updates never touch it: its weights are its own, not the manager's.
 """
@@ -89,19 +90,40 @@ class NeuralSubPolicy:
         logits = self.logits(self.features(ctx))
         return self.start + (draw(logits, ctx.rng) if self.sample else int(logits.argmax()))
 
+    def misfit(self, observation_space: Any, action_space: Any) -> str | None:
+        """Why this sub-policy cannot act for an agent of these spaces; None where it can.
+        It picks one of ``actions`` integers from ``start``, so the action space must be that
+        ``Discrete``; its observation must flatten to ``observation_dim`` numbers."""
+        from gymnasium import spaces
+
+        if not isinstance(action_space, spaces.Discrete):
+            return (f"acts in a Discrete action space only (a softmax over {self.actions} actions), and the agent "
+                    f"acts in {action_space}: write this option as a scripted sub-policy, or give the env a "
+                    "Discrete action space (a gymnasium ActionWrapper that maps a few discrete choices to actions)")
+        if (int(action_space.n), int(action_space.start)) != (self.actions, self.start):
+            return (f"picks one of {self.actions} actions from {self.start}, and the agent's action space is "
+                    f"{action_space}")
+        shape = getattr(observation_space, "shape", None)
+        if shape is not None and int(math.prod(shape)) != self.observation_dim:
+            return (f"reads {self.observation_dim} observation values, and the agent's observation space "
+                    f"{observation_space} holds {int(math.prod(shape))}")
+        return None
+
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the sub-policy (shape and weights: data only) to ``path``; returns it."""
+        """Write the sub-policy (shape, weights and whether it samples: data only) to ``path``; returns it."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"format": FORMAT, "observation_dim": self.observation_dim, "actions": self.actions,
-                    "start": self.start, "hidden": self.hidden, "layers": self.layers,
+                    "start": self.start, "hidden": self.hidden, "layers": self.layers, "sample": self.sample,
                     "state_dict": self.net.state_dict()}, path)
         return path
 
     @classmethod
-    def load(cls, path: str | Path, *, sample: bool = False, name: str | None = None) -> NeuralSubPolicy:
-        """A sub-policy written by :meth:`save` (loaded ``weights_only``: a file holds data, never code)."""
+    def load(cls, path: str | Path, *, sample: bool | None = None, name: str | None = None) -> NeuralSubPolicy:
+        """A sub-policy written by :meth:`save` (loaded ``weights_only``: a file holds data, never code).
+        ``sample`` None: as saved (pre-training saves the mode it measured better; a file
+        from before that: greedy)."""
         path = Path(path)
         label = name or path.stem
         if not path.is_file():
@@ -115,7 +137,8 @@ class NeuralSubPolicy:
             raise ValueError(f"neural sub-policy {label!r}: {str(path)!r} is not a saved sub-policy "
                              f"(expected format {FORMAT!r})")
         policy = cls(int(state["observation_dim"]), int(state["actions"]), start=int(state["start"]),
-                     hidden=int(state["hidden"]), layers=int(state["layers"]), sample=sample, name=label)
+                     hidden=int(state["hidden"]), layers=int(state["layers"]),
+                     sample=bool(state.get("sample", False)) if sample is None else sample, name=label)
         try:
             policy.net.load_state_dict(state["state_dict"])
         except (RuntimeError, KeyError) as exc:
@@ -145,7 +168,8 @@ def for_space(observation_space: Any, action_space: Any, *, name: str = "neural"
 
 def policy_from_spec(spec: Any, *, name: str, milestone: str | None, graph: Any, where: str) -> NeuralSubPolicy:
     """The sub-policy of a library YAML entry of ``kind: neural``: ``{weights: path, sample:
-    bool}`` (a relative path is taken from the working directory)."""
+    bool}`` (a relative path is taken from the working directory; without ``sample``, it acts
+    as saved: :meth:`NeuralSubPolicy.load`)."""
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where}: expected a mapping with 'weights' (a file written by NeuralSubPolicy.save), "
                          f"got {spec!r}")
@@ -154,9 +178,9 @@ def policy_from_spec(spec: Any, *, name: str, milestone: str | None, graph: Any,
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; accepted: ['sample', 'weights']")
     if not isinstance(spec.get("weights"), str):
         raise ValueError(f"{where}.weights: expected the path of a saved sub-policy, got {spec.get('weights')!r}")
-    if not isinstance(spec.get("sample", False), bool):
+    if not isinstance(spec.get("sample", False), bool):  # absent: as saved
         raise ValueError(f"{where}.sample: expected true or false, got {spec.get('sample')!r}")
     try:
-        return NeuralSubPolicy.load(spec["weights"], sample=spec.get("sample", False), name=name)
+        return NeuralSubPolicy.load(spec["weights"], sample=spec.get("sample"), name=name)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None

@@ -7,7 +7,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from gyre_ma.options.errors import parameters_of, user_call
+from gyre_ma.options.errors import callable_name, parameters_of, user_call
 from gyre_ma.options.library import OptionLibrary, resolve
 
 
@@ -99,7 +99,24 @@ def make_library(env_id: str, env: Any, source: str | None = None,
         raise ValueError(f"library: environment {env_id!r} has no built-in library; set 'library'")
     library.validate()
     same_milestones(library, env, f"library {source or env_id!r}")
+    fits_agents(library, env, f"library {source or env_id!r}")
     return library
+
+
+def fits_agents(library: OptionLibrary, env: Any, where: str) -> None:
+    """Refuse an option whose sub-policy says it cannot act for any of ``env``'s agents (a
+    neural one for a continuous action space, or built for other spaces: ``misfit``),
+    before a first step fails on its action."""
+    for option in library:
+        misfit = getattr(option.policy, "misfit", None)
+        if not callable(misfit):
+            continue
+        why = {a: misfit(env.observation_space(a), env.action_space(a)) for a in env.possible_agents}
+        if all(why.values()):
+            agent, reason = next(iter(why.items()))
+            others = f" (nor for any other of {list(why)})" if len(why) > 1 else ""
+            raise ValueError(f"{where}: option {option.name!r} cannot act for agent {agent!r}{others}: its "
+                             f"sub-policy {callable_name(option.policy)} {reason}")
 
 
 def same_milestones(library: OptionLibrary, env: Any, where: str) -> None:

@@ -123,9 +123,15 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     if graph.unneeded:
         paid = [f"{n} ({graph.milestone(n).reward:g}{', not given' if n in graph.implicit_rewards else ''})"
                 for n in graph.unneeded]
-        console.print(f"milestones no goal needs, with the reward each pays when first verified: {', '.join(paid)} "
-                      "(each pays the learner to reach it, needed or not: give reward 0 to one that should not)",
-                      markup=False, soft_wrap=True)
+        paying = [n for n in graph.unneeded if graph.milestone(n).reward]
+        advice = ("" if not paying else
+                  " (each pays the learner to reach it, though no goal needs it: give reward 0 to one that should not)"
+                  if len(paying) == len(graph.unneeded) else
+                  f" ({', '.join(paying)} {'pays' if len(paying) == 1 else 'pay'} the learner to reach "
+                  f"{'it' if len(paying) == 1 else 'them'}, though no goal needs {'it' if len(paying) == 1 else 'them'}"
+                  ": give reward 0 to one that should not)")
+        console.print(f"milestones no goal needs, with the reward each pays when first verified: {', '.join(paid)}"
+                      f"{advice}", markup=False, soft_wrap=True)
     if env is not None:
         differs = _graph_differences(env.task_graph(), graph)
         if differs:
@@ -605,9 +611,9 @@ def cmd_pretrain_option(args: argparse.Namespace) -> int:
     from gyre_ma.envs.registry import make_env, make_library, make_oracle
     from gyre_ma.pretrain import pretrain_option
 
-    for key in ("episodes", "batch_episodes"):
-        if getattr(args, key) < 1:
-            raise UsageError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    for key, low in (("episodes", 1), ("batch_episodes", 1), ("check_episodes", 0)):
+        if getattr(args, key) < low:
+            raise UsageError(f"--{key.replace('_', '-')} must be >= {low}, got {getattr(args, key)}")
     config = load_config(args.config, set_overrides(args.set))
     out = Path(args.out)
     if out.suffix != ".pt":
@@ -630,11 +636,22 @@ def cmd_pretrain_option(args: argparse.Namespace) -> int:
         batches += 1
 
     result = pretrain_option(env, library, args.option, episodes=args.episodes, batch_episodes=args.batch_episodes,
-                             lr=args.lr, guide=guide, seed=args.seed, hidden=args.hidden, on_batch=show)
+                             lr=args.lr, guide=guide, seed=args.seed, hidden=args.hidden,
+                             check_episodes=args.check_episodes, check_seed=args.check_seed, on_batch=show)
     result.policy.save(out)
     console.print(table)
-    console.print(f"wrote {out}: declare it in the library as kind: neural, neural: {{weights: {out}}}",
-                  markup=False, soft_wrap=True)
+    if result.check:
+        check = Table(title=f"the trained option on {args.check_episodes} held-out task seeds from {args.check_seed}")
+        for column in ("acting", "calls", "success", "steps", "score"):
+            check.add_column(column, justify="right")
+        for mode, row in result.check.items():
+            check.add_row(mode, f"{row['calls']:.0f}", f"{row['success']:.2f}", f"{row['steps']:.1f}",
+                          f"{row['score']:.3f}")
+        console.print(check)
+    mode = "sampling" if result.policy.sample else "greedily"
+    why = " (it scored higher so on the held-out seeds)" if result.check else ""
+    console.print(f"wrote {out}: declare it in the library as kind: neural, neural: {{weights: {out}}}; it acts "
+                  f"{mode}{why}, unless the entry sets sample: true or false", markup=False, soft_wrap=True)
     return 0
 
 
@@ -766,13 +783,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="config YAML: the env (e.g. an easier variant, through --set) and the library")
     p.add_argument("--option", required=True, help="the option to train (its milestone is the reward)")
     p.add_argument("--out", required=True, help="where to write its weights (.pt)")
-    p.add_argument("--episodes", type=int, default=2000, help="episodes to play")
-    p.add_argument("--batch-episodes", type=int, default=16, help="episodes per update")
-    p.add_argument("--lr", type=float, default=3e-3, help="Adam step size")
-    p.add_argument("--hidden", type=int, default=64, help="width of its two hidden layers")
+    p.add_argument("--episodes", type=int, default=2000, help="episodes to play (default 2000)")
+    p.add_argument("--batch-episodes", type=int, default=16, help="episodes per update (default 16)")
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam step size (default 0.003)")
+    p.add_argument("--hidden", type=int, default=64, help="width of its two hidden layers (default 64)")
+    p.add_argument("--check-episodes", type=int, default=100,
+                   help="then held-out episodes to measure it on, greedy and sampling; it acts in the mode that "
+                        "scored higher (default 100; 0: no check, and it acts greedily)")
+    p.add_argument("--check-seed", type=int, default=1_000_000, help="first held-out task seed (default 1000000)")
     p.add_argument("--guide", choices=["random", "oracle"], default="random",
-                   help="who chooses the other options: a random eligible one, or the env's oracle (manager.policy)")
-    p.add_argument("--seed", type=int, default=0, help="first task seed; also seeds the weights")
+                   help="who chooses the other options: a random eligible one, or the env's oracle (manager.policy) "
+                        "(default random)")
+    p.add_argument("--seed", type=int, default=0, help="first task seed; also seeds the weights (default 0)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted)")
     p = sub.add_parser("plot", help="draw a run's learning curves and milestone rates to PNG")
     p.add_argument("run_dir", help="a run directory written by gyre-ma train")

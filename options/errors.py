@@ -11,6 +11,7 @@ handle bad input handle it too; the original exception is its ``__cause__``.
 from __future__ import annotations
 
 import functools
+import inspect
 import sysconfig
 import traceback
 from collections.abc import Mapping
@@ -54,9 +55,10 @@ def _revive(cls: type, args: tuple, state: dict[str, Any]) -> BaseException:
 
 def defined_at(fn: Any) -> str | None:
     """``file:line`` where a user's function is defined (a lambda's line too), else None."""
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    if code is None:
-        code = getattr(getattr(type(fn), "__call__", None), "__code__", None)  # a callable instance
+    code = getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None)
+    if code is None:  # a callable instance; its __call__ unwrapped from decorators (torch.inference_mode, ...)
+        call = getattr(type(fn), "__call__", None)
+        code = getattr(inspect.unwrap(call), "__code__", None) if call is not None else None
     return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
 
 
@@ -94,8 +96,6 @@ def callable_name(fn: Any) -> str:
 def parameters_of(factory: Any) -> Mapping[str, Any]:
     """The parameters of ``factory``'s signature by name (``inspect.Parameter``); empty
     where it has none to read (a builtin), so a caller asks "does it take x?" alike."""
-    import inspect
-
     try:
         return inspect.signature(factory).parameters
     except (TypeError, ValueError):
@@ -106,8 +106,6 @@ def user_call(factory: Any, where: str, **kwargs: Any) -> Any:
     """``factory(**kwargs)`` for a factory a user wrote (an env's, a library's, a graph's);
     arguments it does not take are a ValueError naming ``where``, an exception from inside
     it a :class:`UserCodeError` naming it."""
-    import inspect
-
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as exc:

@@ -248,8 +248,8 @@ def test_check_names_milestones_no_goal_needs_and_a_library_graph_unlike_the_env
         "    spec = library.graph.to_spec()\n"
         "    spec['goals'] = ['covered_2']\n"
         "    spec['milestones']['covered_2']['reward'] = 3\n"
-        "    for name in ('covered_0', 'covered_1'):\n"
-        "        spec['milestones'][name].pop('reward')\n"
+        "    spec['milestones']['covered_0'].pop('reward')\n"
+        "    spec['milestones']['covered_1']['reward'] = 0.5\n"
         "    mine = OptionLibrary(library.name, TaskGraph.from_spec(spec))\n"
         "    for option in library:\n"
         "        mine.add(option)\n"
@@ -259,12 +259,14 @@ def test_check_names_milestones_no_goal_needs_and_a_library_graph_unlike_the_env
     assert main(["check", str(config), "--play", "0"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert ("milestones no goal needs, with the reward each pays when first verified: covered_0 (0, not given), "
-            "covered_1 (0, not given)") in out, out
+            "covered_1 (0.5) (covered_1 pays the learner to reach it, though no goal needs it: give reward 0 to one "
+            "that should not)") in out, out  # covered_0 already pays 0: no advice for it
     assert ("note: the library's task graph is not env.task_graph(): goals ['covered_2'] (the env's ['covered_0', "
-            "'covered_1', 'covered_2']); rewards of covered_0 0 (the env's 0.333333), covered_1 0 (the env's "
+            "'covered_1', 'covered_2']); rewards of covered_0 0 (the env's 0.333333), covered_1 0.5 (the env's "
             "0.333333), covered_2 3 (the env's 0.333333); the learner's rewards, and which options are eligible, "
             "follow the library's") in out, out
     quickstart = str(Path(__file__).parents[2] / "configs" / "quickstart.yaml")
     assert main(["check", quickstart, "--play", "0"]) == 0  # explicit rewards: listed, no note
     out = " ".join(capsys.readouterr().out.split())
     assert "collect_diamond (1)," in out and "note:" not in out
+    assert "eat_food (0.02) (each pays the learner to reach it, though no goal needs it: give reward 0" in out

@@ -54,6 +54,54 @@ def test_pretraining_learns_the_option_and_the_frozen_one_plays_like_the_scripte
     assert mean_length["neural"] <= 1.05 * mean_length["scripted"]
 
 
+def test_pretraining_measures_the_frozen_option_greedy_and_sampling_on_held_out_seeds_and_keeps_the_better(tmp_path):
+    """The check plays held-out seeds in both modes; the network then acts in the mode that
+    scored higher, the file records it, and a library entry without ``sample`` follows the
+    file while one with it overrides it. Seeds shared with training are refused."""
+    env = make_env("coverage_v0", **DRILL)
+    result = pretrain_option(env, make_library(env=env), "go_to_0", episodes=64, seed=0, check_episodes=20)
+    assert set(result.check) == {"greedy", "sampled"}
+    for row in result.check.values():
+        assert row["calls"] >= 20 and 0.0 <= row["success"] <= 1.0 and row["score"] <= row["success"]
+    better = result.check["sampled"]["score"] > result.check["greedy"]["score"]
+    assert result.policy.sample is better
+    again = pretrain_option(env, make_library(env=env), "go_to_0", episodes=64, seed=0, check_episodes=20)
+    assert again.check == result.check  # seeded, the check too
+    for mode in (True, False):  # whichever the check chose, the file keeps what the policy does
+        result.policy.sample = mode
+        path = result.policy.save(tmp_path / f"{mode}.pt")
+        assert NeuralSubPolicy.load(path).sample is mode
+        entry = {"name": "go_to_0", "milestone": "covered_0", "kind": "neural", "neural": {"weights": str(path)}}
+        assert OptionLibrary.load(library_yaml(tmp_path, entry))["go_to_0"].policy.sample is mode
+        entry["neural"]["sample"] = not mode
+        assert OptionLibrary.load(library_yaml(tmp_path, entry))["go_to_0"].policy.sample is (not mode)
+    unchecked = pretrain_option(env, make_library(env=env), "go_to_0", episodes=16, seed=0, check_episodes=0)
+    assert unchecked.check == {} and unchecked.policy.sample is False
+    with pytest.raises(ValueError, match=r"the check's seeds \[10, 30\) overlap training's \[0, 16\)"):
+        pretrain_option(env, make_library(env=env), "go_to_0", episodes=16, seed=0, check_episodes=20, check_seed=10)
+
+
+def test_a_neural_option_that_cannot_act_for_any_agent_is_refused_when_the_library_meets_the_env():
+    """A network for another action count, or any network for a continuous action space,
+    is named with the option, the agent and the spaces before a first step is played."""
+    from gymnasium import spaces
+
+    from gyre_ma.envs.registry import fits_agents
+
+    env = make_env("coverage_v0")
+    space = env.action_space("agent_0")
+    wrong = NeuralSubPolicy(int(np.prod(env.observation_space("agent_0").shape)), int(space.n) - 1, name="go_to_0")
+    with pytest.raises(ValueError, match=r"lib: option 'go_to_0' cannot act for agent 'agent_0' \(nor for any other "
+                                         rf"of \['agent_0', 'agent_1', 'agent_2'\]\): its sub-policy .*neural:go_to_0 "
+                                         rf"picks one of {int(space.n) - 1} actions from 0, and the agent's action "
+                                         rf"space is Discrete\({int(space.n)}\)"):
+        fits_agents(with_policy(make_library(env=env), "go_to_0", wrong), env, "lib")
+    right = for_space(env.observation_space("agent_0"), space, name="go_to_0")
+    fits_agents(with_policy(make_library(env=env), "go_to_0", right), env, "lib")  # fits: no error
+    assert "Discrete action space only" in right.misfit(env.observation_space("agent_0"), spaces.Box(-1, 1, (3,)))
+    assert "reads" in right.misfit(spaces.Box(0, 1, (2,)), space)
+
+
 def test_pretraining_is_seeded():
     env = make_env("coverage_v0", **DRILL)
 

@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import torch
 
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.cli import main
@@ -47,6 +48,21 @@ def test_a_bad_action_names_the_option_the_agent_and_the_space(action, expected)
     assert re.search(rf"\(defined at {re.escape(__file__)}:\d+\)$", message), message
     assert run_episode(env, _library(lambda ctx: np.int64(2)), RandomManager(0), seed=1).length > 0  # fine
     assert ("CANNOT_PROCEED" in message) == (action is None)  # "nothing to do" has its own return value
+
+
+class _Decorated:
+    """A callable instance whose ``__call__`` is wrapped by a decorator defined in torch."""
+
+    @torch.inference_mode()
+    def __call__(self, ctx):
+        return 99
+
+
+def test_a_bad_action_from_a_decorated_call_names_where_the_call_is_written_not_the_decorator():
+    with pytest.raises(UserCodeError) as info:
+        run_episode(make_env("coverage_v0"), _library(_Decorated()), RandomManager(0), seed=1)
+    line = _Decorated.__call__.__wrapped__.__code__.co_firstlineno
+    assert str(info.value).endswith(f"(defined at {__file__}:{line})"), str(info.value)
 
 
 def test_other_action_spaces_are_checked_by_their_own_contains():

@@ -107,8 +107,13 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     for opt in library:
         kind = ("restores" if opt.restores else "repeatable" if opt.repeatable
                 else "upkeep" if opt.milestone is None else "one-shot")
-        starts = ("—" if opt.initiation is None  # __name__: what a factory names the closures it makes
-                  else getattr(opt.initiation, "__name__", type(opt.initiation).__name__))
+        node = graph.milestone(opt.milestone) if opt.milestone is not None else None
+        after = [*node.requires, *(f"one of {' / '.join(group)}" for group in node.any_of)] if node else []
+        starts = " + ".join(
+            ([f"after {', '.join(after)}"] if after else [])
+            # __name__: what a factory names the closures it makes
+            + ([getattr(opt.initiation, "__name__", type(opt.initiation).__name__)] if opt.initiation is not None
+               else [])) or "any time"
         exclusive = {1: "yes", None: "—"}.get(opt.capacity, f"≤ {opt.capacity} agents")
         table.add_row(opt.name, opt.milestone or "—", kind, _sub_policy(opt.policy), str(opt.max_steps), exclusive,
                       starts)

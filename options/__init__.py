@@ -2,9 +2,9 @@
 
 from gyre_ma.options.graph import Milestone, TaskGraph
 from gyre_ma.options.library import OptionLibrary, reference, resolve
-from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, SubPolicy, Termination
+from gyre_ma.options.option import CANNOT_PROCEED, Behaviour, Option, OptionContext, SubPolicy, Termination
 
 __all__ = [
-    "CANNOT_PROCEED", "Milestone", "Option", "OptionContext", "OptionLibrary", "SubPolicy", "TaskGraph",
+    "Behaviour", "CANNOT_PROCEED", "Milestone", "Option", "OptionContext", "OptionLibrary", "SubPolicy", "TaskGraph",
     "Termination", "reference", "resolve",
 ]

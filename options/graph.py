@@ -31,7 +31,10 @@ class Milestone:
     1.0 where a goal needs the milestone (a goal, or a prerequisite of one, alternatives
     included), 0.0 where none does, so a milestone declared only to be verified and seen
     (a distractor, a side task) does not pay the learner to detour for it; the
-    :class:`TaskGraph` fills it in."""
+    :class:`TaskGraph` fills it in. A reward filled in so pays only where the milestone
+    is still needed when it is verified (:meth:`TaskGraph.still_needed`): the first
+    alternative of an ``any_of`` group pays, a second one, and the prerequisites of its
+    route, do not; a reward given pays whenever."""
     verifier: str | None = None
     """Reference (``module:callable``) to the state predicate that verifies it."""
     duration: float = 1.0
@@ -39,7 +42,9 @@ class Milestone:
     requires: tuple[str, ...] = ()
     """Milestones all needed first (AND)."""
     any_of: tuple[tuple[str, ...], ...] = ()
-    """Groups of alternatives: at least one milestone of each group is needed first (OR)."""
+    """Groups of alternatives: at least one milestone of each group is needed first (an AND
+    of ORs: ``[[campfire, farm]]`` is "campfire or farm"; ``[[campfire], [farm]]`` would be
+    both, and a group of one is refused)."""
     side_effect: bool = False
     """Reached through other options' effects (one toggle both unlocks and opens a door; a
     pot starts cooking when full): no option has to achieve it for the goal to be reachable."""
@@ -78,6 +83,11 @@ class TaskGraph:
             for i, group in enumerate(m.any_of):
                 if not group:
                     raise ValueError(f"task graph: milestone {m.name!r}: any_of group {i} is empty")
+                if len(group) == 1:
+                    raise ValueError(
+                        f"task graph: milestone {m.name!r}: any_of group {i} {list(group)} holds one milestone; a "
+                        "group lists alternatives, one of which is needed (an AND of ORs): for either of a and b "
+                        f"write one group, any_of: [[a, b]]; for a milestone that is needed, requires: [{group[0]}]")
                 for dep in group:
                     self._check_known(seen, m.name, dep)
                     graph.add_edge(dep, m.name, group=f"or:{i}")
@@ -215,6 +225,27 @@ class TaskGraph:
         return all(dep in done for dep in m.requires) and all(
             any(dep in done for dep in group) for group in m.any_of
         )
+
+    def still_needed(self, verified: Iterable[str]) -> frozenset[str]:
+        """The milestones not in ``verified`` that the goals still need: the unverified goals,
+        then, from each milestone needed, its unverified ``requires`` and every unverified
+        alternative of each ``any_of`` group that no verified milestone satisfies yet. A
+        milestone whose dependants are verified, or the other alternative of a satisfied
+        group (and what only its route needed), is no longer needed."""
+        done = set(verified)
+        needed: set[str] = set()
+        stack = [g for g in self.goals if g not in done]
+        while stack:
+            name = stack.pop()
+            if name in needed:
+                continue
+            needed.add(name)
+            node = self.milestone(name)
+            stack.extend(r for r in node.requires if r not in done)
+            for group in node.any_of:
+                if not done.intersection(group):
+                    stack.extend(group)
+        return frozenset(needed)
 
     def frontier(self, achieved: Iterable[str]) -> frozenset[str]:
         """Milestones not yet achieved whose prerequisites are all met."""

@@ -8,7 +8,9 @@ step ``s`` and ran ``d`` steps covers the steps ``s+1 … s+d``; every agent's c
 covers the first verification is credited (the team reward convention of the envs, which
 pay every agent), unless the env attributed the milestone to one agent
 (``Trajectory.milestone_agents``): then only that agent's call is. Milestones already
-holding at reset (step 0) pay nothing: nobody achieved them.
+holding at reset (step 0) pay nothing: nobody achieved them. A milestone whose reward the
+graph filled in (none given) pays only if the goals still needed it when it was verified
+(:func:`declined`): a second alternative of an ``any_of`` group does not.
 """
 
 from __future__ import annotations
@@ -29,6 +31,24 @@ def first_verified(trajectory: Trajectory) -> list[tuple[str, ...]]:
     return [tuple(m for m, s in firsts if covers(c, s) and by.get(m, c.agent) == c.agent) for c in trajectory.calls]
 
 
+def declined(trajectory: Trajectory, graph: TaskGraph) -> frozenset[str]:
+    """Milestones of ``trajectory`` whose reward the graph filled in (``implicit_rewards``)
+    and that the goals no longer needed when they were first verified
+    (:meth:`~gyre_ma.options.graph.TaskGraph.still_needed` of what earlier steps verified):
+    they pay nothing. Empty where every reward was given."""
+    implicit = graph.implicit_rewards
+    if not implicit or not any(m in implicit for m in trajectory.milestone_steps):
+        return frozenset()
+    out, before, needed, last = set(), set(), graph.still_needed(()), None
+    for name, step in sorted(trajectory.milestone_steps.items(), key=lambda kv: (kv[1], kv[0])):
+        if step != last:  # milestones of one step are judged on what earlier steps verified
+            needed, last = graph.still_needed(before), step
+        if name in implicit and name in graph and name not in needed:
+            out.add(name)
+        before.add(name)
+    return frozenset(out)
+
+
 def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float = 1.0,
                       include_goals: bool = False) -> list[tuple[float, tuple[str, ...]]]:
     """Per call, the milestone reward and the milestones that paid it.
@@ -38,8 +58,9 @@ def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float 
     part of the breakdown should have one source.
     """
     out = []
+    unpaid = declined(trajectory, graph)
     for names in first_verified(trajectory):
-        paid = tuple(m for m in names if m in graph and (include_goals or m not in graph.goals))
+        paid = tuple(m for m in names if m in graph and (include_goals or m not in graph.goals) and m not in unpaid)
         out.append((scale * sum(graph.milestone(m).reward for m in paid), paid))
     return out
 

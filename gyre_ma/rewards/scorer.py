@@ -26,6 +26,7 @@ from gyre_ma.rewards.alarms import Alarm, HackingMonitor
 from gyre_ma.rewards.arbiter import RewardConfig, check_prm_cap, score_trajectory
 from gyre_ma.rewards.breakdown import RewardBreakdown, summarize
 from gyre_ma.rewards.drift import DriftMonitor
+from gyre_ma.rewards.milestones import declined
 from gyre_ma.rewards.prm import ProcessRewardModel, prm_labels, prm_rewards
 from gyre_ma.rewards.rules import (
     Rule,
@@ -59,6 +60,7 @@ def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Se
     milestones were verified (weighted by their graph reward), every other part at the
     call's last step. ``gamma`` is ``credit.gamma``; 1 gives the plain total."""
     for traj, bds in zip(trajectories, breakdowns, strict=True):
+        unpaid = declined(traj, graph) if graph is not None else frozenset()
         for call, b in zip(traj.calls, bds, strict=True):
             call.breakdown = b  # type: ignore[attr-defined]
             if gamma == 1.0:
@@ -67,7 +69,8 @@ def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Se
             at_end = gamma ** max(call.duration - 1, 0)
             at_milestones = at_end
             steps = {m: traj.milestone_steps[m] for m in call.milestones if m in traj.milestone_steps}
-            weights = {m: graph.milestone(m).reward if graph is not None and m in graph else 1.0 for m in steps}
+            weights = {m: 0.0 if m in unpaid else graph.milestone(m).reward if graph is not None and m in graph else 1.0
+                       for m in steps}
             if b.milestone and sum(weights.values()) > 0:
                 at_milestones = sum(w * gamma ** max(steps[m] - call.start_step - 1, 0)
                                     for m, w in weights.items()) / sum(weights.values())

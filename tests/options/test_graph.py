@@ -181,3 +181,28 @@ def test_a_milestone_no_goal_needs_pays_nothing_unless_its_reward_is_given():
     assert {m.name: m.reward for m in other_goal.milestones}["sword"] == 1.0
     assert {m.name: m.reward for m in other_goal.milestones}["tea"] == 0.0
     assert graph.graph.nodes["sapling"]["milestone"].reward == 0.0  # the node payload is the filled-in one
+
+
+def test_what_the_goals_still_need_drops_the_other_alternative_and_its_route():
+    """A new user's colony built both routes of each either-or (campfire or farm), each paid
+    1.0 by default, and took ~68 steps more than the oracle on a 576-step task. What the
+    goals still need, given what is verified, is what an implicit reward pays for."""
+    graph = TaskGraph.from_spec({"goals": ["hall"], "milestones": {
+        "wood": {}, "campfire": {"requires": ["wood"]}, "field": {}, "farm": {"requires": ["field"]},
+        "food": {"any_of": [["campfire", "farm"]]}, "hall": {"requires": ["food", "wood"]}, "tower": {}}})
+    assert graph.still_needed(()) == {"wood", "campfire", "field", "farm", "food", "hall"}
+    assert graph.still_needed({"wood"}) == {"campfire", "field", "farm", "food", "hall"}
+    assert graph.still_needed({"wood", "campfire"}) == {"food", "hall"}  # the farm route is no longer needed
+    assert graph.still_needed({"field"}) == {"wood", "campfire", "farm", "food", "hall"}
+    assert graph.still_needed({"food"}) == {"wood", "hall"}  # a verified milestone's prerequisites are behind it
+    assert graph.still_needed({"hall"}) == frozenset()
+
+
+def test_an_any_of_group_of_one_milestone_is_refused_with_how_to_write_either_or():
+    """The same user wrote any_of: [[campfire], [farm]] meaning either; it means both, and
+    check said ok. A group of one alternative is a requirement written the long way."""
+    with pytest.raises(ValueError, match=r"milestone 'food': any_of group 0 \['campfire'\] holds one milestone; "
+                                         r"a group lists alternatives.*any_of: \[\[a, b\]\]; for a milestone "
+                                         r"that is needed, requires: \[campfire\]"):
+        TaskGraph.from_spec({"goals": ["food"], "milestones": {
+            "campfire": {}, "farm": {}, "food": {"any_of": [["campfire"], ["farm"]]}}})

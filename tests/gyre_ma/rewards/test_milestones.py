@@ -7,8 +7,17 @@ from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.envs.workflow.options import make_library
 from gyre_ma.envs.workflow.oracle import OracleManager
 from gyre_ma.envs.workflow.workflow import parallel_env
-from gyre_ma.rewards.milestones import calls_at_end, covers, first_verified, last_calls, milestone_rewards
+from gyre_ma.options.graph import TaskGraph
+from gyre_ma.rewards.milestones import (
+    calls_at_end,
+    covers,
+    declined,
+    first_verified,
+    last_calls,
+    milestone_rewards,
+)
 from gyre_ma.rollout import run_episode
+from tests.gyre_ma.rewards.conftest import call, trajectory
 
 
 def test_each_milestone_pays_the_calls_running_at_its_first_verification(graph, two_agent_episode):
@@ -68,3 +77,24 @@ def test_matches_the_env_own_milestone_rewards_on_workflow(manager):
             env_paid = sum(c.raw_reward for c in traj.agent_calls(agent))
             assert ours == pytest.approx(env_paid), (seed, agent)
         assert sum(p for p, _ in paid) > 0
+
+
+def test_a_filled_in_reward_pays_only_while_the_goals_still_need_its_milestone():
+    """Either campfire or farm feeds the colony: the first of them pays, the second and the
+    field only the farm route needed do not, nor does a milestone verified after what needed
+    it; a reward the user gave pays whenever, and milestones of one step are judged together."""
+    spec = {"goals": ["hall"], "milestones": {
+        "wood": {}, "campfire": {"requires": ["wood"]}, "field": {}, "farm": {"requires": ["field"]},
+        "food": {"any_of": [["campfire", "farm"]]}, "hall": {"requires": ["food", "wood"]}}}
+    graph = TaskGraph.from_spec(spec)
+    calls = [call("agent_0", 10 * k, 10) for k in range(6)]
+    steps = {"wood": 5, "campfire": 15, "food": 16, "field": 25, "farm": 35}
+    traj = trajectory(calls, steps)
+    assert declined(traj, graph) == {"field", "farm"}
+    assert [names for _, names in milestone_rewards(traj, graph)] == [("wood",), ("campfire", "food"), (), (), (), ()]
+    same_step = trajectory(calls, {"wood": 5, "campfire": 15, "farm": 15})
+    assert declined(same_step, graph) == frozenset()  # both verified at once: neither was redundant before
+    given = TaskGraph.from_spec({**spec, "milestones": {**spec["milestones"], "farm": {"requires": ["field"],
+                                                                                        "reward": 0.5}}})
+    assert declined(traj, given) == {"field"}  # farm's reward was given: it pays
+    assert milestone_rewards(traj, given)[3] == (0.5, ("farm",))

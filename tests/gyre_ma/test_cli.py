@@ -270,3 +270,5 @@ def test_check_names_milestones_no_goal_needs_and_a_library_graph_unlike_the_env
     out = " ".join(capsys.readouterr().out.split())
     assert "collect_diamond (1)," in out and "note:" not in out
     assert "eat_food (0.02) (each pays the learner to reach it, though no goal needs it: give reward 0" in out
+    assert "gather_stone collect_stone repeatable scripted 250 — after make_wood_pickaxe + safe_with_wood_pickaxe" \
+        in " ".join(out.replace("│", " ").split())  # "starts when": the graph's prerequisites, then the predicate

@@ -301,12 +301,18 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         if change:
             _record_change(run_dir, change, gyre.next_iteration)
     else:
+        fresh = not run_dir.exists()
         held.enter_context(_lock_run(run_dir))  # first: a run another trainer holds is named as such
         checkpoints = run_dir / "checkpoints"
         if checkpoints.exists() and any(p.name != INITIAL for p in checkpoints.iterdir()):
             raise UsageError(f"run directory {str(run_dir)!r} already has checkpoints; "
                              "pass --resume to continue it, or choose another name/run_root")
-        gyre = Gyre(config, run_dir)
+        try:
+            gyre = Gyre(config, run_dir)
+        except BaseException:
+            if fresh:
+                _remove_if_only_lock(run_dir)
+            raise
         write_text(run_dir / "config.yaml", dump_config(config))
         if gyre.learns and config.manager.kind != "llm":  # the untrained manager, for eval
             save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
@@ -378,6 +384,18 @@ def _lock_run(run_dir: Path) -> Any:
         return lock_folder(run_dir, "gyre-ma train", "wait for it or choose another name/run_root")
     except FolderInUse as exc:
         raise UsageError(f"run directory {exc}") from None
+
+
+def _remove_if_only_lock(run_dir: Path) -> None:
+    """Remove a run folder this command made that holds nothing but its lock: the run's
+    setup failed (a library that does not fit the env, a factory that raised) before it
+    wrote anything, and the next try should find no folder, as the first one did."""
+    try:
+        if [p.name for p in run_dir.iterdir()] == [".lock"]:
+            (run_dir / ".lock").unlink()
+            run_dir.rmdir()
+    except OSError:  # someone else's file appeared, or the folder went: leave what is there
+        pass
 
 
 _FAULT_KEYS = ("backend/restarts", "backend/timeouts", "backend/reissued", "backend/requeued", "backend/replaced",

@@ -396,7 +396,7 @@ def test_check_and_train_refuse_a_library_on_other_milestones_than_the_envs_and_
         assert main([command, str(tmp_path / "rule.yaml"), *(["--quiet"] if command == "train" else [])]) == 2
         err = " ".join(capsys.readouterr().err.split())
         assert "rule 'r': milestone 'covered_9' is not a node of the task graph" in err, err
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.pt"))
+    assert not any((tmp_path / "runs").iterdir())  # a run whose setup failed leaves no folder behind
     lib = tmp_path / "lib.yaml"
     lib.write_text(lib.read_text().replace("covered_two", "covered_2"))
     assert main(["check", str(library_cfg)]) == 0  # named as the env does: fine

@@ -39,7 +39,9 @@ def declined(trajectory: Trajectory, graph: TaskGraph) -> frozenset[str]:
     implicit = graph.implicit_rewards
     if not implicit or not any(m in implicit for m in trajectory.milestone_steps):
         return frozenset()
-    out, before, needed, last = set(), set(), graph.still_needed(()), None
+    out: set[str] = set()
+    before: set[str] = set()
+    needed, last = frozenset(), None
     for name, step in sorted(trajectory.milestone_steps.items(), key=lambda kv: (kv[1], kv[0])):
         if step != last:  # milestones of one step are judged on what earlier steps verified
             needed, last = graph.still_needed(before), step

@@ -63,9 +63,11 @@ class RunResult:
     def steps_to(self, key: str, level: float, window: int = 1, at_most: bool = False) -> float:
         """Env steps at which ``key`` first reached ``level`` (rose to it, or with ``at_most``
         fell to it), on the curve smoothed over ``window`` measured iterations (1: as
-        logged); ``inf`` if it never did."""
-        if key not in self.metrics or STEPS not in self.metrics:
-            return math.inf
+        logged); ``inf`` if it never did; NaN if the run never measured ``key`` (a manager
+        that learns nothing plays no validation episodes), so that it is left out rather
+        than counted as never reaching the level."""
+        if key not in self.metrics or STEPS not in self.metrics or np.isnan(self.metrics[key]).all():
+            return math.nan
         return stats.steps_to_threshold(self.metrics[STEPS], stats.centred_mean(self.metrics[key], window), level,
                                         at_most=at_most)
 
@@ -146,11 +148,12 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
                           for key in spec.report.metrics}
         entry["steps_to"] = {}
         for k, (label, key, *_) in enumerate(marks):
-            steps = [reached[r.name][k] for r in rs]
+            measured = [(reached[r.name][k], r) for r in rs if not math.isnan(reached[r.name][k])]
+            steps = [x for x, _ in measured]
             entry["steps_to"][label] = _interval(steps, reps, i) | {
                 "reached": int(sum(math.isfinite(s) for s in steps)), "median": _finite(np.median(steps))
-                if steps else None,
-                "at_first": int(sum(x == r.first_step(key) for x, r in zip(steps, rs, strict=True)))}
+                if steps else None, "unmeasured": len(rs) - len(measured),
+                "at_first": int(sum(x == r.first_step(key) for x, r in measured))}
         out["variants"][variant] = entry
     names = [v for v, rs in by_variant.items() if rs]
     for a in names:
@@ -165,9 +168,10 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
                 pair["heldout_sampled steps_to_goal"] = stats.improvement_interval(
                     [-x for x in la], [-x for x in lb], reps=reps).as_dict()
             for k, (label, *_) in enumerate(marks):  # fewer steps is better: compare negated
-                sa = [-reached[r.name][k] for r in by_variant[a]]
-                sb = [-reached[r.name][k] for r in by_variant[b]]
-                pair[f"steps_to {label}"] = stats.improvement_interval(sa, sb, reps=reps).as_dict()
+                sa = [-reached[r.name][k] for r in by_variant[a] if not math.isnan(reached[r.name][k])]
+                sb = [-reached[r.name][k] for r in by_variant[b] if not math.isnan(reached[r.name][k])]
+                if sa and sb:  # a variant whose runs never measure the metric is compared on nothing
+                    pair[f"steps_to {label}"] = stats.improvement_interval(sa, sb, reps=reps).as_dict()
             out["improvement"][f"{a} > {b}"] = pair
     out["table"] = [_row(r, spec, dict(zip((label for label, *_ in marks), reached[r.name]))) for r in runs]
     return out
@@ -316,7 +320,9 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
             for v, d in s["variants"].items():
                 c = d["steps_to"][key]
                 med = "—" if not c.get("n") else ("∞" if c["median"] is None else _steps(c["median"]))
-                lines.append(f"| `{key}` | {v} | {c.get('reached', 0)}/{c.get('n', 0)} | {c.get('at_first', 0)} | "
+                reached = (f"{c.get('reached', 0)}/{c.get('n', 0)}" if c.get("n") or not c.get("unmeasured")
+                           else f"not measured by its {_count(c['unmeasured'], 'run')}")
+                lines.append(f"| `{key}` | {v} | {reached} | {c.get('at_first', 0)} | "
                              f"{_fmt(c, 'iqm', scale='k')} | {_fmt(c, 'mean', scale='k')} | {med} |")
         if any(d["steps_to"][key].get("at_first") for d in s["variants"].values() for key in d["steps_to"]):
             lines += ["", "A run counted \"at the first measurement\" reached the level before learning could show: "

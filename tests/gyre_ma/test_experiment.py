@@ -414,6 +414,37 @@ def test_the_report_reads_steps_to_threshold_off_the_smoothed_curve_beside_the_r
                                        "budget": {"iterations": 1}, "report": {"smooth": 4}})
 
 
+def test_a_variant_that_never_measures_a_threshold_metric_is_left_out_of_it_not_counted_as_never_reaching_it():
+    """A random-order variant plays no validation episodes: its runs have no
+    ``validation/*`` values. The report read "0/3 reached, ∞" and compared it with the
+    learners as if it had failed to learn (P = 0.50 against a flat baseline that did fail)."""
+    import numpy as np
+
+    from gyre_ma.experiment import ExperimentSpec
+    from gyre_ma.report import RunResult, _markdown, summarize
+
+    spec = ExperimentSpec.model_validate({
+        "name": "s", "base": "b.yaml", "variants": {"learned": {}, "flat": {}, "random": {}}, "seeds": 2,
+        "budget": {"iterations": 3}, "report": {"metrics": ["v"], "thresholds": {"v": 0.9}, "reps": 100}})
+    steps = np.array([10.0, 20, 30])
+    curves = {"learned": [0.5, 1.0, 1.0], "flat": [0.0, 0.0, 0.0], "random": [np.nan, np.nan, np.nan]}
+    runs = [RunResult(v, seed, "done", {"env_steps": steps, "v": np.array(c)},
+                      {"sampled": {"success": 0.5}, "greedy": {"success": 0.5}})
+            for v, c in curves.items() for seed in (0, 1)]
+    runs[-1].metrics.pop("v")  # a run that does not log the column at all, likewise
+    s = summarize(spec, runs, reps=100)
+    steps_to = {v: d["steps_to"]["v>=0.9"] for v, d in s["variants"].items()}
+    assert (steps_to["learned"]["reached"], steps_to["learned"]["n"]) == (2, 2)
+    assert (steps_to["flat"]["reached"], steps_to["flat"]["n"]) == (0, 2)  # measured, never reached: ∞
+    assert steps_to["random"] == {"n": 0, "reached": 0, "median": None, "unmeasured": 2, "at_first": 0}
+    assert "steps_to v>=0.9" in s["improvement"]["learned > flat"]
+    assert "steps_to v>=0.9" not in s["improvement"]["flat > random"]
+    assert "heldout_sampled" in s["improvement"]["flat > random"]  # held-out figures are still compared
+    text = _markdown(spec, s, [])
+    assert "| `v>=0.9` | random | not measured by its 2 runs |" in text
+    assert "| `v>=0.9` | flat | 0/2 |" in text
+
+
 def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_and_foreign_runs(tmp_path):
     """On a task every policy completes (a user's warehouse), the report showed held-out
     success alone (1.0 everywhere), a threshold reached at iteration 0 as if learned, a

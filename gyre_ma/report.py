@@ -364,22 +364,25 @@ def _plots(spec: ExperimentSpec, runs: list[RunResult], out: Path) -> list[str]:
     names = []
     for key in spec.report.metrics:
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        drawn = False
+        drawn, absent = False, []
         for i, variant in enumerate(spec.variants):
             curves = []
-            for r in (r for r in runs if r.variant == variant and key in r.metrics):
+            for r in (r for r in runs if r.variant == variant and key in r.metrics
+                      and not np.isnan(r.metrics[key]).all()):
                 c = stats.step_curve(r.metrics[STEPS], r.metrics[key], grid)
                 c[grid > np.nanmax(r.metrics[STEPS])] = np.nan  # not beyond the run's own end
                 curves.append(c)
             if not curves:
+                absent.append(variant)
                 continue
             mid, low, high = stats.curve_band(np.array(curves), reps=_CURVE_REPS)
             line, = ax.plot(grid, mid, label=f"{variant} ({len(curves)} runs)", color=f"C{i}")
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             drawn = True
         if drawn:
-            ax.set_xlabel("env steps")
-            ax.set_ylabel(f"{key} (IQM{', the mean with < 4 runs' if len(spec.seed_list) < 4 else ''})")
+            ax.set_title(key, fontsize=10)
+            ax.set_xlabel("env steps" + (f" (not measured by {', '.join(absent)})" if absent else ""))
+            ax.set_ylabel("mean over runs" if len(spec.seed_list) < 4 else "IQM over runs")
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
             fig.tight_layout()

@@ -700,17 +700,24 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     console.print(f"experiment {exp.spec.name!r}: {_count(len(exp.runs), 'run')} "
                   f"({_count(len(exp.spec.variants), 'variant')} × {_count(len(exp.spec.seed_list), 'seed')}), "
                   f"{done} already done; folder {exp.folder}", markup=False, soft_wrap=True)
-    view = Live(console=console, auto_refresh=False, transient=False) if not args.quiet else contextlib.nullcontext()
+    table = not args.quiet and console.is_terminal  # redirected to a file, a line per change of a run's state
+    view = Live(console=console, auto_refresh=False, transient=False) if table else contextlib.nullcontext()
+    said: dict[str, str] = {}
     try:
         with view as live:
             def show(records: list) -> None:
                 if live is not None:
                     live.update(_experiment_table(exp, records), refresh=True)
+                    return
+                for r in records:
+                    if said.setdefault(r.run.name, "pending") != r.state:
+                        said[r.run.name] = r.state
+                        console.print(_experiment_line(exp, r), markup=False, soft_wrap=True)
 
             records = run_experiment(exp, jobs=args.jobs or 1, use_ray=args.ray, ray_address=args.ray_address,
                                      on_progress=show if not args.quiet else None)
     finally:
-        if not args.quiet:
+        if table:
             console.print()  # the live table leaves the cursor at its last line's end
     failed = [r for r in records if r.state == "failed"]
     for r in failed:
@@ -727,6 +734,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _experiment_line(exp: Any, record: Any) -> str:
+    """One run's state as a line of the log (``experiment`` with its output redirected)."""
+    import time
+
+    from gyre_ma.experiment import run_progress
+
+    done, total = run_progress(exp, record.run)
+    spent = "" if record.started is None else f", {(record.ended or time.time()) - record.started:.0f} s"
+    return f"run {record.run.name}: {record.state} ({min(done, total)}/{total} iterations{spent})"
 
 
 def _experiment_table(exp: Any, records: list) -> Table:

@@ -60,7 +60,11 @@ def _digest(path: Path) -> str:
 
 def test_a_tiny_grid_runs_end_to_end_and_reports(tmp_path, capsys):
     path = _experiment(tmp_path)
-    assert main(["experiment", str(path), "--jobs", "2", "--quiet"]) == 0
+    assert main(["experiment", str(path), "--jobs", "2"]) == 0
+    log = capsys.readouterr().out  # not a terminal: a line per change of a run's state, not a live table
+    for name in ("anchored-s0", "anchored-s1", "plain_gae-s0", "plain_gae-s1"):
+        assert f"run {name}: training (0/2 iterations" in log and f"run {name}: done (2/2 iterations, " in log, log
+    assert "┃" not in log
     folder = tmp_path / "root" / "tiny_grid"
     exp = load_experiment(path)
     assert [r.name for r in exp.runs] == ["anchored-s0", "anchored-s1", "plain_gae-s0", "plain_gae-s1"]

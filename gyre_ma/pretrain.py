@@ -153,35 +153,16 @@ def pretrain_option(env: Any, library: OptionLibrary, option: str, *, policy: Ne
         for mode in ("greedy", "sampled"):
             frozen = copy.deepcopy(policy)
             frozen.sample = mode == "sampled"
-            calls = _Calls(frozen)
-            checked = _with_policy(library, target, calls)
-            trials_of: list[tuple[list[tuple[np.ndarray, int]], float, bool, int]] = []
+            checked = _with_policy(library, target, frozen)
+            trials_of: list[tuple[range, float, bool, int]] = []
             checker = _Drill(target, guide, check_seed)
-            for k in range(check_episodes):
-                _drill_episode(env, checked, target, checker, check_seed + k, max_steps, calls.steps_of,
-                               length_weight, trials_of)
+            for k in range(check_episodes):  # a network acts at every step of its call: its steps are the call's
+                _drill_episode(env, checked, target, checker, check_seed + k, max_steps,
+                               lambda call: range(call.duration), length_weight, trials_of)
             result.check[mode] = _summary(trials_of)
         scores = {mode: row["score"] for mode, row in result.check.items()}
         policy.sample = bool(scores["sampled"] > scores["greedy"])  # NaN (no call): greedy
     return result
-
-
-class _Calls:
-    """A frozen sub-policy under the check: acts as it is, counting each call's steps."""
-
-    def __init__(self, policy: NeuralSubPolicy) -> None:
-        self.policy = policy
-        self.open: dict[str, list[tuple[np.ndarray, int]]] = {}
-        self.__name__ = self.__qualname__ = f"check:{policy.name}"
-
-    def __call__(self, ctx: OptionContext) -> int:
-        if ctx.steps == 0:
-            self.open[ctx.agent] = []
-        self.open[ctx.agent].append((np.empty(0), 0))
-        return self.policy(ctx)
-
-    def steps_of(self, call: OptionCall) -> list[tuple[np.ndarray, int]] | None:
-        return self.open.pop(call.agent, None)
 
 
 def _with_policy(library: OptionLibrary, target: int, policy: Any) -> OptionLibrary:

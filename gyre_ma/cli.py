@@ -129,12 +129,12 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         paid = [f"{n} ({graph.milestone(n).reward:g}{', not given' if n in graph.implicit_rewards else ''})"
                 for n in graph.unneeded]
         paying = [n for n in graph.unneeded if graph.milestone(n).reward]
+        pays, it = ("pays", "it") if len(paying) == 1 else ("pay", "them")
         advice = ("" if not paying else
                   " (each pays the learner to reach it, though no goal needs it: give reward 0 to one that should not)"
                   if len(paying) == len(graph.unneeded) else
-                  f" ({', '.join(paying)} {'pays' if len(paying) == 1 else 'pay'} the learner to reach "
-                  f"{'it' if len(paying) == 1 else 'them'}, though no goal needs {'it' if len(paying) == 1 else 'them'}"
-                  ": give reward 0 to one that should not)")
+                  f" ({', '.join(paying)} {pays} the learner to reach {it}, though no goal needs {it}: give reward 0 "
+                  "to one that should not)")
         console.print(f"milestones no goal needs, with the reward each pays when first verified: {', '.join(paid)}"
                       f"{advice}", markup=False, soft_wrap=True)
     if env is not None:
@@ -688,7 +688,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_experiment(args: argparse.Namespace) -> int:
     from rich.live import Live
 
-    from gyre_ma.experiment import load_experiment, run_experiment, run_state
+    from gyre_ma.experiment import counted, grid, load_experiment, run_experiment, run_state
 
     if args.ray and args.jobs is not None:
         raise UsageError("--jobs sets how many local processes run at once; with --ray, Ray runs as many runs at "
@@ -697,8 +697,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         raise UsageError("--ray-address is the cluster the runs go to with --ray; add --ray")
     exp = load_experiment(args.file, root=args.root)  # every run's config is checked before any runs
     done = sum(run_state(exp.run_dir(r)) == "done" for r in exp.runs)
-    console.print(f"experiment {exp.spec.name!r}: {_count(len(exp.runs), 'run')} "
-                  f"({_count(len(exp.spec.variants), 'variant')} × {_count(len(exp.spec.seed_list), 'seed')}), "
+    console.print(f"experiment {exp.spec.name!r}: {counted(len(exp.runs), 'run')} ({grid(exp.spec)}), "
                   f"{done} already done; folder {exp.folder}", markup=False, soft_wrap=True)
     table = not args.quiet and console.is_terminal  # redirected to a file, a line per change of a run's state
     view = Live(console=console, auto_refresh=False, transient=False) if table else contextlib.nullcontext()
@@ -732,33 +731,29 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' * (n != 1)}"
-
-
-def _experiment_line(exp: Any, record: Any) -> str:
-    """One run's state as a line of the log (``experiment`` with its output redirected)."""
+def _run_status(exp: Any, record: Any) -> tuple[str, str]:
+    """A run's iterations done of its total ("2/30") and its time so far ("5 s"; "" before it starts)."""
     import time
 
     from gyre_ma.experiment import run_progress
 
     done, total = run_progress(exp, record.run)
-    spent = "" if record.started is None else f", {(record.ended or time.time()) - record.started:.0f} s"
-    return f"run {record.run.name}: {record.state} ({min(done, total)}/{total} iterations{spent})"
+    spent = "" if record.started is None else f"{(record.ended or time.time()) - record.started:.0f} s"
+    return f"{min(done, total)}/{total}", spent
+
+
+def _experiment_line(exp: Any, record: Any) -> str:
+    """One run's state as a line of the log (``experiment`` with its output redirected)."""
+    iterations, spent = _run_status(exp, record)
+    return f"run {record.run.name}: {record.state} ({iterations} iterations{', ' + spent if spent else ''})"
 
 
 def _experiment_table(exp: Any, records: list) -> Table:
-    import time
-
-    from gyre_ma.experiment import run_progress
-
     table = Table(title=f"experiment {exp.spec.name!r}")
     for column in ("run", "state", "iterations", "time"):
         table.add_column(column, justify="right" if column in ("iterations", "time") else "left")
     for r in records:
-        done, total = run_progress(exp, r.run)
-        spent = "" if r.started is None else f"{(r.ended or time.time()) - r.started:.0f} s"
-        table.add_row(r.run.name, r.state, f"{min(done, total)}/{total}", spent)
+        table.add_row(r.run.name, r.state, *_run_status(exp, r))
     return table
 
 

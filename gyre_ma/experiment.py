@@ -245,6 +245,16 @@ def _sb3_spec(data: Any, where: str) -> SB3Spec | None:
         raise ConfigError(f"{where}: {_format_error(errors[0], SB3Spec)}") from None
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 run", "3 runs"."""
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def grid(spec: ExperimentSpec) -> str:
+    """The experiment's grid of runs in words: "4 variants × 3 seeds"."""
+    return f"{counted(len(spec.variants), 'variant')} × {counted(len(spec.seed_list), 'seed')}"
+
+
 def flatten_overrides(mapping: Mapping[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
     """Nested override mappings → dotted keys; a value that is not a mapping is set whole."""
     out: dict[str, Any] = {}

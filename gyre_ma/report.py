@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from gyre_ma import stats
-from gyre_ma.experiment import EVAL_FILE, ExperimentSpec, flatten_overrides, run_state
+from gyre_ma.experiment import EVAL_FILE, ExperimentSpec, counted, flatten_overrides, grid, run_state
 from gyre_ma.files import write_json, write_text
 from gyre_ma.monitor import read_metrics
 
@@ -45,6 +45,12 @@ class RunResult:
     def name(self) -> str:
         return f"{self.variant}-s{self.seed}"
 
+    def measured(self, key: str) -> bool:
+        """Whether the run logged ``key`` at least once (a manager that learns nothing plays
+        no validation episodes: its ``validation/*`` columns are empty or absent)."""
+        values = self.metrics.get(key)
+        return values is not None and not np.isnan(values).all()
+
     def final(self, key: str) -> float:
         """The last measured value of ``key`` (NaN if never measured)."""
         values = self.metrics.get(key)
@@ -66,7 +72,7 @@ class RunResult:
         logged); ``inf`` if it never did; NaN if the run never measured ``key`` (a manager
         that learns nothing plays no validation episodes), so that it is left out rather
         than counted as never reaching the level."""
-        if key not in self.metrics or STEPS not in self.metrics or np.isnan(self.metrics[key]).all():
+        if STEPS not in self.metrics or not self.measured(key):
             return math.nan
         return stats.steps_to_threshold(self.metrics[STEPS], stats.centred_mean(self.metrics[key], window), level,
                                         at_most=at_most)
@@ -135,6 +141,11 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
     reached = {r.name: [r.steps_to(key, level, window, at_most) for _, key, level, window, at_most in marks]
                for r in runs}
     by_variant = {v: [r for r in done if r.variant == v] for v in spec.variants}
+
+    def measured(rs: list[RunResult], k: int) -> list[tuple[float, RunResult]]:
+        """The runs of ``rs`` that measured threshold ``k``'s metric, with their steps to it."""
+        return [(reached[r.name][k], r) for r in rs if not math.isnan(reached[r.name][k])]
+
     out: dict[str, Any] = {"name": spec.name, "runs": len(runs), "done": len(done), "reps": reps,
                            "variants": {}, "improvement": {}}
     for i, (variant, rs) in enumerate(by_variant.items()):
@@ -148,12 +159,12 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
                           for key in spec.report.metrics}
         entry["steps_to"] = {}
         for k, (label, key, *_) in enumerate(marks):
-            measured = [(reached[r.name][k], r) for r in rs if not math.isnan(reached[r.name][k])]
-            steps = [x for x, _ in measured]
+            pairs = measured(rs, k)
+            steps = [x for x, _ in pairs]
             entry["steps_to"][label] = _interval(steps, reps, i) | {
                 "reached": int(sum(math.isfinite(s) for s in steps)), "median": _finite(np.median(steps))
-                if steps else None, "unmeasured": len(rs) - len(measured),
-                "at_first": int(sum(x == r.first_step(key) for x, r in measured))}
+                if steps else None, "unmeasured": len(rs) - len(pairs),
+                "at_first": int(sum(x == r.first_step(key) for x, r in pairs))}
         out["variants"][variant] = entry
     names = [v for v, rs in by_variant.items() if rs]
     for a in names:
@@ -168,8 +179,8 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
                 pair["heldout_sampled steps_to_goal"] = stats.improvement_interval(
                     [-x for x in la], [-x for x in lb], reps=reps).as_dict()
             for k, (label, *_) in enumerate(marks):  # fewer steps is better: compare negated
-                sa = [-reached[r.name][k] for r in by_variant[a] if not math.isnan(reached[r.name][k])]
-                sb = [-reached[r.name][k] for r in by_variant[b] if not math.isnan(reached[r.name][k])]
+                sa = [-x for x, _ in measured(by_variant[a], k)]
+                sb = [-x for x, _ in measured(by_variant[b], k)]
                 if sa and sb:  # a variant whose runs never measure the metric is compared on nothing
                     pair[f"steps_to {label}"] = stats.improvement_interval(sa, sb, reps=reps).as_dict()
             out["improvement"][f"{a} > {b}"] = pair
@@ -256,10 +267,6 @@ def _fmt(cell: dict[str, Any] | None, kind: str, digits: int = 3, scale: str = "
     return f"{num(c['estimate'])} [{num(c['low'])}, {num(c['high'])}]"
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' * (n != 1)}"
-
-
 def _steps(v: float) -> str:
     """An env-step count, short: 950, 12.3k, 1.25M."""
     return f"{v / 1e6:.3g}M" if v >= 1e6 else f"{v / 1e3:.3g}k" if v >= 1e4 else f"{v:.0f}"
@@ -280,8 +287,7 @@ def _budget(spec: ExperimentSpec) -> str:
 def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> str:
     e = spec.evaluation
     lines = [f"# Experiment `{spec.name}`", "",
-             f"Base config `{spec.base}`; {_count(len(spec.variants), 'variant')} × "
-             f"{_count(len(spec.seed_list), 'seed')}, {_budget(spec)}. {s['done']} of {s['runs']} runs finished and "
+             f"Base config `{spec.base}`; {grid(spec)}, {_budget(spec)}. {s['done']} of {s['runs']} runs finished and "
              "evaluated.",
              "Every interval is a 95 % stratified-bootstrap interval over runs "
              f"({s['reps']} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs"
@@ -321,7 +327,7 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
                 c = d["steps_to"][key]
                 med = "—" if not c.get("n") else ("∞" if c["median"] is None else _steps(c["median"]))
                 reached = (f"{c.get('reached', 0)}/{c.get('n', 0)}" if c.get("n") or not c.get("unmeasured")
-                           else f"not measured by its {_count(c['unmeasured'], 'run')}")
+                           else f"not measured by its {counted(c['unmeasured'], 'run')}")
                 lines.append(f"| `{key}` | {v} | {reached} | {c.get('at_first', 0)} | "
                              f"{_fmt(c, 'iqm', scale='k')} | {_fmt(c, 'mean', scale='k')} | {med} |")
         if any(d["steps_to"][key].get("at_first") for d in s["variants"].values() for key in d["steps_to"]):
@@ -367,8 +373,7 @@ def _plots(spec: ExperimentSpec, runs: list[RunResult], out: Path) -> list[str]:
         drawn, absent = False, []
         for i, variant in enumerate(spec.variants):
             curves = []
-            for r in (r for r in runs if r.variant == variant and key in r.metrics
-                      and not np.isnan(r.metrics[key]).all()):
+            for r in (r for r in runs if r.variant == variant and r.measured(key)):
                 c = stats.step_curve(r.metrics[STEPS], r.metrics[key], grid)
                 c[grid > np.nanmax(r.metrics[STEPS])] = np.nan  # not beyond the run's own end
                 curves.append(c)

@@ -5,7 +5,7 @@ scoring and in generation alike, so a prompt may be empty and both operations co
 on the same text. Scoring runs a call in one forward pass: each prompt once, left-padded,
 followed in its own row by all its candidates one after another, with a 4D attention mask
 and position ids that make each candidate see its prompt and nothing else, the last
-layer's feed-forward block computing only the columns whose logits are read; generation
+layer computing only the columns whose logits are read; generation
 left-pads the prompts and runs ``generate`` with its KV cache, stopping a row at its first
 stop string.
 """
@@ -14,14 +14,24 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 from transformers.utils.logging import disable_progress_bar
 
 from gyre_ma.llm.engine import (
@@ -96,36 +106,88 @@ def fuse_gelu(model: torch.nn.Module) -> int:
     return replaced
 
 
-class LastColumnsMLP:
-    """The last decoder layer's feed-forward block (its child ``mlp``: GPT-2, Llama, Qwen,
-    Mistral, Phi, Gemma), made to compute only a pass's last :attr:`keep` columns while
-    :attr:`keep` is set.
+LAST_COLUMNS_ATTENTION = "gyre_last_columns"
+"""The attention implementation of an engine's model that would otherwise use ``sdpa``:
+``sdpa`` itself (its masks too), but for an attention module marked by
+:class:`LastColumns`, which computes only its last ``gyre_keep`` queries. Registered by
+name with transformers' ``AttentionInterface`` and ``AttentionMaskInterface``."""
+
+
+def _last_columns_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    keep = getattr(module, "gyre_keep", None)
+    if keep is None or attention_mask is None or query.shape[2] <= keep:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    cut = query.shape[2] - keep
+    out, weights = sdpa_attention_forward(module, query[:, :, cut:], key, value, attention_mask[:, :, cut:],
+                                          *args, **kwargs)
+    return torch.nn.functional.pad(out, (0, 0, 0, 0, cut, 0)), weights  # (batch, columns, heads, head size)
+
+
+AttentionInterface.register(LAST_COLUMNS_ATTENTION, _last_columns_attention)
+AttentionMaskInterface.register(LAST_COLUMNS_ATTENTION, sdpa_mask)
+
+
+class LastColumns:
+    """The last decoder layer (GPT-2, Llama, Qwen, Mistral, Phi, Gemma), made to compute only
+    a pass's last ``keep`` columns inside :meth:`kept`: its feed-forward block (child ``mlp``)
+    runs on those columns alone, and, where the model's attention is SDPA, its attention
+    (child ``attn`` or ``self_attn``) computes only their queries, against keys and values
+    of every column.
 
     Scoring reads the logits of a row's last columns only (its candidates and the prompt's
-    last token), and a feed-forward block is position-wise: in the last layer nothing
-    reads its output at any other column, which is left zero. Every earlier layer, and the
-    last layer's attention (whose keys and values span every column), run in full. With
-    :attr:`keep` unset (generation, training, a plain forward pass) the block runs as it
-    is. Forward hooks, not a wrapper module, so the model's ``state_dict`` keeps its keys
-    (weights pushed into the engine load as they are)."""
+    last token). A feed-forward block is position-wise, and a query's attention output
+    depends on no other query, so in the last layer nothing read depends on the other
+    columns, which are left zero. Every earlier layer runs in full, and the last layer's
+    keys and values too. Outside :meth:`kept` (generation, training, a plain forward pass)
+    the layer runs as it is. Forward hooks and an attention implementation registered by
+    name (:data:`LAST_COLUMNS_ATTENTION`, set on the model once), not wrapper modules, so the
+    model's ``state_dict`` keeps its keys (weights pushed into the engine load as they are)
+    and a call pays no more than setting ``keep``. Eager attention runs in full: its
+    function is each model's own."""
 
-    def __init__(self, mlp: torch.nn.Module) -> None:
+    def __init__(self, mlp: torch.nn.Module, attention: torch.nn.Module | None) -> None:
+        self.attention = attention
+        """The last layer's attention module, marked with ``gyre_keep`` (None: it runs in full)."""
         self.keep: int | None = None
         self._cut = 0
-        """Columns the current call left out (0: the block ran in full)."""
+        """Columns the current call of the feed-forward block left out (0: it ran in full)."""
         mlp.register_forward_pre_hook(self._slice)
         mlp.register_forward_hook(self._pad)
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> LastColumnsMLP | None:
-        """Hooks on ``model``'s last decoder layer's ``mlp``; None where it has no list of
-        ``num_hidden_layers`` layers whose last holds one."""
+    def of(cls, model: Any) -> LastColumns | None:
+        """The columns kept of ``model``'s last decoder layer, its attention implementation
+        set to :data:`LAST_COLUMNS_ATTENTION` where it was ``sdpa``; None where it has no list
+        of ``num_hidden_layers`` layers whose last holds an ``mlp``."""
         count = getattr(model.config, "num_hidden_layers", None)
         for module in model.modules():
             if isinstance(module, torch.nn.ModuleList) and len(module) == count:
-                mlp = getattr(module[-1], "mlp", None)
-                return cls(mlp) if isinstance(mlp, torch.nn.Module) else None
+                layer = module[-1]
+                mlp = getattr(layer, "mlp", None)
+                if not isinstance(mlp, torch.nn.Module):
+                    return None
+                attention = next((a for a in (getattr(layer, "self_attn", None), getattr(layer, "attn", None))
+                                  if isinstance(a, torch.nn.Module)), None)
+                if attention is not None and model.config._attn_implementation == "sdpa":
+                    model.set_attn_implementation(LAST_COLUMNS_ATTENTION)
+                else:
+                    attention = None
+                return cls(mlp, attention)
         return None
+
+    @contextmanager
+    def kept(self, keep: int) -> Iterator[None]:
+        """The last layer computes only the last ``keep`` columns of each pass in this block."""
+        self.keep = keep
+        if self.attention is not None:
+            self.attention.gyre_keep = keep
+        try:
+            yield
+        finally:
+            self.keep = None
+            if self.attention is not None:
+                self.attention.gyre_keep = None
 
     def _slice(self, module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         x = args[0] if args else None
@@ -158,8 +220,8 @@ class TransformersEngine:
         self.model.to(self.device).eval()
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         """Whether the forward pass can skip the logits scoring does not read (``logits_to_keep``)."""
-        self._last_mlp = LastColumnsMLP.of(self.model)
-        """The last layer's feed-forward block, run on the scored columns alone (None: in full)."""
+        self._last = LastColumns.of(self.model)
+        """The last layer, run on the scored columns alone (None: in full)."""
         tok = self.tokenizer
         self.start = start_token(tok, path)
         self.scoring_tokens = ScoringTokenizer(tok, self.start)
@@ -176,14 +238,14 @@ class TransformersEngine:
     def score(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
         check_requests(prompts, candidates)
         attention = getattr(self.model.config, "_attn_implementation", None) or "eager"
-        if attention not in ("eager", "sdpa"):
+        if attention not in ("eager", "sdpa", LAST_COLUMNS_ATTENTION):
             raise ValueError(f"scoring packs each prompt's candidates behind it with a 4D attention mask, which needs "
                              f"the 'eager' or 'sdpa' attention implementation; {str(self.path)!r} uses {attention!r}")
         heads, tails = self.scoring_tokens(prompts, candidates)
         out: list[np.ndarray] = [np.empty(0)] * len(heads)
         for chunk in self._chunks(heads, tails):
-            for i, scores in zip(chunk.tolist(), self._score_chunk([heads[i] for i in chunk], [tails[i] for i in chunk],
-                                                                  boolean_mask=attention == "sdpa")):
+            for i, scores in zip(chunk.tolist(), self._score_chunk([heads[i] for i in chunk],
+                                                                  [tails[i] for i in chunk])):
                 out[i] = scores
         return out
 
@@ -217,14 +279,13 @@ class TransformersEngine:
 
         return grouped if padded(grouped) <= (1 - self.GROUP_SAVING) * padded(plain) else plain
 
-    def _score_chunk(self, heads: list[list[int]], tails: list[list[list[int]]], *,
-                     boolean_mask: bool) -> list[np.ndarray]:
+    def _score_chunk(self, heads: list[list[int]], tails: list[list[list[int]]]) -> list[np.ndarray]:
         """One forward pass for the whole chunk. Row i is prompt i (left-padded, so every
         prompt ends in the same column) followed by its candidates back to back (right-padded).
         A candidate's tokens attend to their prompt and to their own earlier tokens, and their
         positions go on from the prompt's end, so each is scored exactly as if it alone followed
         the prompt; the prompt is computed once, and no KV cache is copied per candidate; the
-        last layer's feed-forward block runs on the kept columns alone (:class:`LastColumnsMLP`). The
+        last layer runs on the kept columns alone (:class:`LastColumns`). The
         index arithmetic runs in NumPy: on arrays this small a NumPy op costs a fraction of a
         torch op's dispatch, and a batched call makes a few dozen of them."""
         n, counts = len(heads), [len(ts) for ts in tails]
@@ -259,24 +320,17 @@ class TransformersEngine:
         query, key = segment[:, None, :, None], segment[:, None, None, :]
         order = np.arange(width + span)
         sees = (order[None, :] <= order[:, None]) & (key >= 0) & ((key == 0) | (key == query))
-        sees |= np.eye(width + span, dtype=bool)  # padding sees itself: no empty mask row
+        sees |= np.eye(width + span, dtype=bool)  # padding sees itself: no row all −inf (a NaN)
 
-        dev = self.device
-        if boolean_mask:  # True where a token may attend: SDPA takes it as it is (as transformers' own SDPA masks)
-            mask = torch.from_numpy(sees).to(dev)
-        else:  # eager attention adds its mask to the scores
-            dtype = self.model.dtype
-            mask = torch.zeros(sees.shape, dtype=dtype, device=dev).masked_fill_(torch.from_numpy(~sees).to(dev),
-                                                                                 torch.finfo(dtype).min)
-        if self._last_mlp is not None:
-            self._last_mlp.keep = span + 1
-        try:
+        # −inf where a token may not attend, added to its attention scores: eager attention adds it, SDPA takes it
+        # as it is (a boolean mask it would convert in every layer; once here is cheaper).
+        dev, dtype = self.device, self.model.dtype
+        mask = torch.where(torch.from_numpy(sees).to(dev), torch.zeros((), dtype=dtype, device=dev),
+                           torch.full((), -math.inf, dtype=dtype, device=dev))
+        with self._last.kept(span + 1) if self._last is not None else nullcontext():
             logits = self.model(input_ids=torch.from_numpy(ids).to(dev), attention_mask=mask,
                                 position_ids=torch.from_numpy(positions).to(dev), use_cache=False,
                                 **({"logits_to_keep": span + 1} if self._keeps_logits else {})).logits
-        finally:
-            if self._last_mlp is not None:
-                self._last_mlp.keep = None
         # Kept column k predicts the token in column width + k; a candidate's first token is
         # predicted by the prompt's last column.
         source = np.where(in_cand > 0, in_row, 0)

@@ -11,6 +11,8 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
 
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+
 from gyre_ma.llm import make_engine  # noqa: E402
 from gyre_ma.llm.tiny import build_tiny_model, words_of  # noqa: E402
 
@@ -130,27 +132,41 @@ def _tiny_llama(directory, model_dir):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_the_last_layers_feed_forward_runs_on_the_scored_columns_alone(model_dir, tmp_path, family):
+def test_the_last_layer_runs_on_the_scored_columns_alone(model_dir, tmp_path, family, monkeypatch):
     """In a scoring pass the last decoder layer's ``mlp`` sees only the columns whose logits
-    are read (a row's candidates and its prompt's last token) and every score is still the
-    plain forward pass's; generation and a plain forward pass run it on every column."""
+    are read (a row's candidates and its prompt's last token), its SDPA attention computes
+    only their queries, and every score is still the plain forward pass's; generation and a
+    plain forward pass run the layer on every column."""
+    from gyre_ma.llm import hf
+
     path = model_dir if family == "gpt2" else _tiny_llama(tmp_path / "llama", model_dir)
     eng = make_engine("transformers", path)
+    assert eng.model.config._attn_implementation == hf.LAST_COLUMNS_ATTENTION  # the model's own was SDPA
     layers = eng.model.transformer.h if family == "gpt2" else eng.model.model.layers
     seen: list[int] = []
     layers[-1].mlp.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
     layers[0].mlp.register_forward_hook(lambda module, args, out: seen.append(-args[0].shape[1]))
+    queries: list[int] = []
+
+    def counted(module, query, *args, **kwargs):
+        queries.append(query.shape[2])
+        return sdpa_attention_forward(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(hf, "sdpa_attention_forward", counted)
     prompts = [TEXTS[0], "look", ""]
     candidates = [["go north", "go south", "look"], ["take key"], ["open door", "go north"]]
     scores = eng.score(prompts, candidates)
     width = 1 + max(len(eng._encode(p)) for p in prompts)
     span = max(sum(len(eng._encode(" " + c)) for c in cands) for cands in candidates)
     assert seen == [-(width + span), span + 1]  # the first layer in full, the last on the kept columns
+    assert queries == [width + span, span + 1]
+    assert eng._last.keep is None and eng._last.attention.gyre_keep is None
     for prompt, cands, got in zip(prompts, candidates, scores):
         np.testing.assert_allclose(got, [_reference_score(eng, prompt, c) for c in cands], rtol=0, atol=1e-5)
     seen.clear()
+    queries.clear()
     eng.generate(["go"], max_new_tokens=1)
-    assert seen == [-2, 2] and eng._last_mlp.keep is None
+    assert seen == [-2, 2] and queries == [2, 2] and eng._last.keep is None  # every query, in both layers
     assert set(eng.model.state_dict()) == set(type(eng.model).from_pretrained(path).state_dict())
 
 

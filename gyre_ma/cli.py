@@ -44,8 +44,9 @@ def _load_library_and_config(source: str, overrides: dict[str, Any] | None = Non
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
         data = read_yaml(path, "file", UsageError)
-        if isinstance(data, dict) and "options" in data and "graph" in data:  # a library alone: no values for ${x}
-            return OptionLibrary.from_spec(fill_variables(data, {}, where=path.name), where=path.name), None, None
+        if isinstance(data, dict) and "options" in data and "graph" in data:  # a library alone
+            values = _library_values(overrides or {})
+            return OptionLibrary.from_spec(fill_variables(data, values, where=path.name), where=path.name), None, None
         config = load_config(path, overrides)
         env = make_env(config.env.id, **config.env.kwargs)
         library = make_library(config.env.id, env, config.library, config.library_kwargs)
@@ -61,6 +62,22 @@ def _load_library_and_config(source: str, overrides: dict[str, Any] | None = Non
             check_model_dir(config.manager.llm.model, "manager.llm.model")
         return library, config, env
     return OptionLibrary.load(source), None, None
+
+
+def _library_values(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The values of a library file's ``${name}`` variables from ``--set library_kwargs.name=VALUE``
+    (or ``--set library_kwargs={...}``), as a config's ``library_kwargs`` gives them; any other key
+    is a usage error, since a library file has no config to override."""
+    values: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key == "library_kwargs" and isinstance(value, dict):
+            values.update(value)
+        elif key.startswith("library_kwargs.") and key.count(".") == 1:
+            values[key.split(".", 1)[1]] = value
+        else:
+            raise UsageError(f"--set {key}: a library file takes only library_kwargs.NAME=VALUE (the value of its "
+                             "${NAME}); to override other keys, check a config that uses the library")
+    return values
 
 
 _PLAYED_KEYS = ("env", "library", "library_kwargs", "manager", "rewards", "train.max_steps")
@@ -222,7 +239,7 @@ def _is_experiment_file(source: str) -> bool:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    library, _, _ = _load_library_and_config(args.source)
+    library, _, _ = _load_library_and_config(args.source, set_overrides(args.set))
     achieved = [a for a in (args.achieved or "").split(",") if a]
     for a in achieved:
         if a not in library.graph:
@@ -789,6 +806,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="graph.png", help="output .png or .dot")
     p.add_argument("--dot", help="also write DOT text here")
     p.add_argument("--achieved", help="comma-separated milestones to colour as achieved")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key (dotted); with a library file, library_kwargs.NAME=VALUE gives ${NAME}")
     p = sub.add_parser("train", help="train a manager from a config")
     p.add_argument("config", help="experiment config YAML")
     p.add_argument("--iterations", type=int, help="override train.iterations")

@@ -364,8 +364,8 @@ def fill_variables(spec: Any, values: Mapping[str, Any], *, where: str) -> Any:
     out = fill(spec, where)
     if missing:
         name, at = missing[0]
-        raise ValueError(f"{at}: variable ${{{name}}} has no value; set library_kwargs.{name} (given: "
-                         f"{sorted(values) or 'none'})")
+        raise ValueError(f"{at}: variable ${{{name}}} has no value; set library_kwargs.{name} (in a config, or "
+                         f"--set library_kwargs.{name}=VALUE; given: {sorted(values) or 'none'})")
     unused = sorted(set(values) - used)
     if unused:
         raise ValueError(f"library_kwargs: {where} has no variable(s) {unused}; its variables: "

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from gyre_ma.options.errors import UserAnswerError, callable_name
+from gyre_ma.options.errors import UserAnswerError, callable_name, defined_at
 
 if TYPE_CHECKING:
     from gyre_ma.options.graph import TaskGraph
@@ -102,7 +102,9 @@ class Termination(enum.Enum):
     TIMEOUT = "timeout"  # its sub-policy ran past the call's wall-clock budget (a failure)
 
 
-def _check_callable(owner: str, what: str, fn: object, n_args: int = 1, takes: str = "an OptionContext") -> None:
+def check_callable(owner: str, what: str, fn: object, n_args: int = 1, takes: str = "an OptionContext") -> None:
+    """A TypeError naming option ``owner``'s ``what`` and where it is defined, unless ``fn``
+    is None or a callable that takes ``n_args`` positional arguments (``takes`` says which)."""
     if fn is None:
         return
     if not callable(fn):
@@ -120,10 +122,10 @@ def _check_callable(owner: str, what: str, fn: object, n_args: int = 1, takes: s
         p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if len(params) > n_args or (len(positional) < n_args and not varargs):
-        raise TypeError(
-            f"option {owner!r}: {what} must take exactly one argument ({takes}), "
-            f"got signature {sig}"
-        )
+        count = "one argument" if n_args == 1 else f"{n_args} arguments"
+        where = defined_at(fn)
+        raise TypeError(f"option {owner!r}: {what} must take exactly {count} ({takes}), got signature {sig}"
+                        + (f" (defined at {where})" if where else ""))
 
 
 @dataclass(frozen=True)
@@ -178,10 +180,10 @@ class Option:
         if is_behaviour(self.policy):
             _check_builds(self.name, self.policy)
         else:
-            _check_callable(self.name, "policy", self.policy)
+            check_callable(self.name, "policy", self.policy)
         for what in ("initiation", "done", "failure"):
-            _check_callable(self.name, what, getattr(self, what))
-        _check_callable(self.name, "features", self.features, takes="the deciding agent's observation")
+            check_callable(self.name, what, getattr(self, what))
+        check_callable(self.name, "features", self.features, takes="the deciding agent's observation")
         if not isinstance(self.repeatable, bool):
             raise ValueError(f"option {self.name!r}: repeatable must be true or false, got {self.repeatable!r}")
         if not isinstance(self.exclusive, bool) and not (isinstance(self.exclusive, int) and self.exclusive >= 1):

@@ -94,6 +94,11 @@ class Resolution:
     """Retries ran out: ``action`` is the configured fallback."""
 
 
+def _words(text: str) -> str:
+    """``text`` with its whitespace normalised: how an output or a fallback is matched to an action."""
+    return " ".join(text.split())
+
+
 @runtime_checkable
 class BatchedSubPolicy(Protocol):
     """A sub-policy whose action comes from a batched model call."""
@@ -109,8 +114,8 @@ class LLMPolicy:
     ``actions(ctx)`` gives the admissible actions as text, and ``to_action(ctx, text)`` the
     env action of one of them (default: its index in the list, for ``Discrete`` spaces);
     ``render(ctx)`` the observation as text (default: ``str(ctx.observation)``);
-    ``fallback`` an action or ``fallback(ctx)``. ``retries`` counts generation attempts
-    after the first.
+    ``fallback`` an env action, an action's text (mapped as the model's choice is), or
+    ``fallback(ctx)`` giving either. ``retries`` counts generation attempts after the first.
     """
 
     def __init__(self, engine: LLMEngine, *, actions: Sequence[str] | Callable[[Any], Sequence[str]],
@@ -127,6 +132,11 @@ class LLMPolicy:
         if mode == "generate" and fallback is None:
             raise ValueError(f"LLM option {name!r}: mode 'generate' needs a fallback action for outputs that "
                              "cannot be used")
+        if (isinstance(fallback, str) and to_action is None and not callable(actions)
+                and _words(fallback) not in map(_words, actions)):
+            raise ValueError(f"LLM option {name!r}: the fallback {fallback!r} is not one of its actions "
+                             f"{list(actions)}, and the option has no to_action to make an env action of its text; "
+                             "give the env action itself (e.g. its index) or one of the action texts")
         try:
             template.format(description="", milestone="", observation="", actions="", agent="")
         except (KeyError, IndexError, ValueError) as exc:
@@ -170,8 +180,8 @@ class LLMPolicy:
             else:
                 k = int(np.argmax(scores))
             return Resolution(self._act(ctx, actions, k))
-        text = " ".join(str(reply).split())
-        k = next((i for i, a in enumerate(actions) if " ".join(a.split()) == text), None)
+        text = _words(str(reply))
+        k = next((i for i, a in enumerate(actions) if _words(a) == text), None)
         if k is not None:
             ctx.memory.pop("llm_attempt", None)
             return Resolution(self._act(ctx, actions, k))
@@ -180,8 +190,23 @@ class LLMPolicy:
             ctx.memory["llm_attempt"] = attempt
             return Resolution(retry=self.request(ctx, attempt), invalid=True)
         ctx.memory.pop("llm_attempt", None)
+        return Resolution(self._fallback(ctx, actions), invalid=True, fallback=True)
+
+    def _fallback(self, ctx: Any, actions: list[str]) -> Any:
+        """The fallback as an env action: given as one (an index, ...), or as action text,
+        which acts as the model's choice of that text would (``to_action`` of the admissible
+        text, else its index); a text not admissible this step goes to ``to_action`` as it is."""
         fallback = self.fallback(ctx) if callable(self.fallback) else self.fallback
-        return Resolution(fallback, invalid=True, fallback=True)
+        if not isinstance(fallback, str):
+            return fallback
+        k = next((i for i, a in enumerate(actions) if _words(a) == _words(fallback)), None)
+        if k is not None:
+            return self._act(ctx, actions, k)
+        if self.to_action is not None:
+            return self.to_action(ctx, fallback)
+        raise ValueError(f"LLM option {self.name!r}: the fallback {fallback!r} is not one of this step's admissible "
+                         f"actions {actions}, and the option has no to_action to make an env action of its text; "
+                         "give the env action itself (e.g. its index) or an admissible text")
 
     def _act(self, ctx: Any, actions: list[str], k: int) -> Any:
         return self.to_action(ctx, actions[k]) if self.to_action is not None else k
@@ -231,6 +256,7 @@ def policy_from_spec(spec: Any, *, name: str, milestone: str | None, graph: Any,
     fallback may also be a plain action), ``retries``, ``temperature``, ``max_new_tokens``,
     ``stop``, ``description`` (default: the milestone's description in the task graph)."""
     from gyre_ma.options.library import resolve
+    from gyre_ma.options.option import check_callable
 
     if not isinstance(spec, dict):
         raise ValueError(f"{where}: expected a mapping, got {spec!r}")
@@ -252,6 +278,10 @@ def policy_from_spec(spec: Any, *, name: str, milestone: str | None, graph: Any,
         description = graph.milestone(milestone).description or milestone
     render, to_action, fallback = ref("render"), ref("to_action"), ref("fallback")  # their errors name themselves
     try:
+        check_callable(name, "llm.actions", actions if callable(actions) else None)
+        check_callable(name, "llm.render", render)
+        check_callable(name, "llm.to_action", to_action, 2, "an OptionContext and one admissible action's text")
+        check_callable(name, "llm.fallback", fallback if callable(fallback) else None)
         engine = shared_engine(str(spec.get("engine", "transformers")), str(spec["model"]),
                                str(spec.get("device", "cpu")))
         return LLMPolicy(engine, actions=actions, description=description or name, milestone=milestone,

@@ -159,6 +159,27 @@ def test_check_of_a_library_with_variables_names_the_variable_to_set(capsys):
     assert err.count("\n") == 1
 
 
+def test_check_and_graph_of_a_library_take_its_variables_from_set(tmp_path, capsys):
+    """``--set library_kwargs.NAME=VALUE`` gives a library file's ``${NAME}``, as the error
+    asking for it says (a session-53 user's library of LLM options with ``${model}``); a key
+    a library file has no use for is refused, naming it."""
+    library = tmp_path / "lib.yaml"
+    library.write_text("name: lib\ngraph: gyre_ma.envs.coverage.coverage:task_graph\noptions:\n"
+                       "- {name: go_to_0, milestone: covered_0, policy: 'gyre_ma.envs.coverage.options:go_to_0', "
+                       "max_steps: '${cap}'}\n"
+                       + "".join(f"- {{name: go_to_{i}, milestone: covered_{i}, policy: "
+                                 f"'gyre_ma.envs.coverage.options:go_to_{i}', max_steps: 18}}\n" for i in (1, 2)))
+    assert main(["check", str(library)]) == 2
+    assert "set library_kwargs.cap (in a config, or --set library_kwargs.cap=VALUE" in capsys.readouterr().err
+    assert main(["check", str(library), "--set", "library_kwargs.cap=17"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "go_to_0" in line)
+    assert "│ 17 " in row
+    assert main(["graph", str(library), "--set", "library_kwargs.cap=17", "--out", str(tmp_path / "g.dot")]) == 0
+    assert (tmp_path / "g.dot").read_text().startswith("digraph")
+    assert main(["check", str(library), "--set", "library_kwargs.cap=17", "--set", "train.iterations=3"]) == 2
+    assert "--set train.iterations: a library file takes only library_kwargs.NAME=VALUE" in capsys.readouterr().err
+
+
 def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_path):
     """``gyre-ma check keycorridor.yaml`` beside keycorridor.py said "No module named
     'keycorridor'" (a console script's path holds its own folder, not the current one);

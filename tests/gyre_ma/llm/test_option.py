@@ -178,5 +178,62 @@ def test_yaml_mistakes_in_an_llm_option_are_named(tmp_path, model_dir):
         info.value)
     from gyre_ma.llm.option import policy_from_spec
 
-    policy = policy_from_spec(llm | {"fallback": "note: key"}, name="w", milestone=None, graph=None, where="w.llm")
+    policy = policy_from_spec(llm | {"actions": ["note: key", "b"], "fallback": "note: key"}, name="w", milestone=None,
+                              graph=None, where="w.llm")
     assert policy.fallback == "note: key"  # an action text with a colon, not an import
+    with pytest.raises(ValueError, match=r"w.llm: LLM option 'w': the fallback 'c' is not one of its actions "
+                                         r"\['a', 'b'\], and the option has no to_action"):
+        policy_from_spec(llm | {"fallback": "c"}, name="w", milestone=None, graph=None, where="w.llm")
+
+
+def _one_argument(text):  # to_action written as the user of session 53 first wrote it
+    return 0
+
+
+def test_an_llm_options_callables_are_checked_when_the_library_loads(model_dir):
+    """A to_action, render, actions or fallback callable that takes the wrong arguments is
+    refused when the library loads, naming the option, what it must take and where it is
+    defined; not when the option first acts."""
+    from gyre_ma.llm.option import policy_from_spec
+
+    llm = {"model": str(model_dir), "actions": ["a", "b"]}
+    with pytest.raises(ValueError, match=r"w.llm: option 'w': llm.to_action must take exactly 2 arguments \(an "
+                                         r"OptionContext and one admissible action's text\), got signature \(text\) "
+                                         r"\(defined at .*test_option.py:\d+\)"):
+        policy_from_spec(llm | {"to_action": f"{__name__}:_one_argument"}, name="w", milestone=None, graph=None,
+                         where="w.llm")
+    with pytest.raises(ValueError, match=r"option 'w': llm.render must take exactly one argument \(an OptionContext\)"):
+        policy_from_spec(llm | {"render": f"{__name__}:_reference_pair"}, name="w", milestone=None, graph=None,
+                         where="w.llm")
+
+
+def _reference_pair(ctx, text):
+    return text
+
+
+def _context():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(memory={}, rng=np.random.default_rng(0), agent="agent_0", observation=np.zeros(4))
+
+
+def test_a_fallback_given_as_action_text_acts_as_the_models_choice_would(model_dir):
+    """After the retries run out, a fallback written as an action's text becomes the env
+    action the model's choice of that text would: its index, or ``to_action``'s answer."""
+    engine = TransformersEngine(model_dir)
+    policy = LLMPolicy(engine, actions=MOVES, mode="generate", fallback=" left ", retries=0, render=_render,
+                       max_new_tokens=2, name="wander")  # an untrained model: mostly nonsense, so fallbacks
+    traj = run_episode(make_env("coverage_v0"), _library(policy), RandomManager(0), seed=3)
+    assert traj.llm_fallbacks > 0
+    for to_action, expected in ((None, MOVES.index("left")), (lambda ctx, text: f"<{text}>", "<left>")):
+        policy = LLMPolicy(engine, actions=MOVES, mode="generate", fallback=" left ", retries=0, render=_render,
+                           to_action=to_action, name="wander")
+        ctx = _context()
+        got = policy.resolve(ctx, policy.request(ctx), "no such move")
+        assert got.fallback and got.action == expected
+    moving = LLMPolicy(engine, actions=lambda ctx: ["up", "down"], mode="generate", fallback="left", retries=0,
+                       render=_render, name="wander")
+    ctx = _context()
+    with pytest.raises(ValueError, match=r"LLM option 'wander': the fallback 'left' is not one of this step's "
+                                         r"admissible actions \['up', 'down'\]"):
+        moving.resolve(ctx, moving.request(ctx), "sideways")

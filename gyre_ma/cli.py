@@ -8,7 +8,7 @@ import dis
 import errno
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -423,6 +423,16 @@ _FAULT_KEYS = ("backend/restarts", "backend/timeouts", "backend/reissued", "back
 _BUDGET_KEYS = ("train.iterations", "run_root")
 """Config keys a resume may change without --force-config: the budget (and how the run
 root, which found this very run directory, is spelled)."""
+_PLACEMENT_KEYS = ("backend.name", "backend.workers", "backend.cpus_per_worker", "backend.max_restarts",
+                   "backend.max_attempts", "backend.sample_timeout_s", "backend.startup_timeout_s",
+                   "backend.pipeline_depth", "backend.episodes_per_call", "backend.ray_init")
+"""Config keys (and the keys under them) a resume may change too: where and how the
+episodes are played, which a synchronous run's figures do not depend on (the local
+backend and Ray give the same; a run trained on a cluster may go on without it)."""
+
+
+def _may_change(key: str) -> bool:
+    return key in _BUDGET_KEYS or any(key == p or key.startswith(p + ".") for p in _PLACEMENT_KEYS)
 
 
 def _config_change(run_dir: Path, config: ExperimentConfig, *, force: bool) -> dict[str, Any]:
@@ -436,11 +446,12 @@ def _config_change(run_dir: Path, config: ExperimentConfig, *, force: bool) -> d
     before, after = _flatten(yaml.safe_load(path.read_text())), _flatten(yaml.safe_load(dump_config(config)))
     change = {k: [before.get(k), after.get(k)] for k in sorted(set(before) | set(after))
               if before.get(k) != after.get(k)}
-    beyond = [k for k in change if k not in _BUDGET_KEYS]
+    beyond = [k for k in change if not _may_change(k)]
     if beyond and not force:
         listed = ", ".join(f"{k}: {change[k][0]!r} -> {change[k][1]!r}" for k in beyond[:10])
         raise UsageError(f"--resume: the config differs from the run's ({listed}{', …' if len(beyond) > 10 else ''}); "
-                         "a resumed run keeps its config except the budget (train.iterations). Pass --force-config "
+                         "a resumed run keeps its config except the budget (train.iterations) and where episodes are "
+                         "played (backend.name, backend.workers, ...). Pass --force-config "
                          "to continue with the change (recorded in config_history.yaml), or start a new run")
     return change
 
@@ -527,6 +538,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.greedy and not config.manager.learns:
         raise UsageError(f"--greedy: the {config.manager.kind} manager has no greedy choice to take (greedy takes a "
                          "learned manager's most likely option); evaluate it without --greedy")
+    if config.backend.name != "local" and "backend.name" not in set_overrides(args.set):
+        # a synchronous run's episodes are the same wherever they are played: no cluster to start for an evaluation
+        console.print(f"playing on the local backend (the config's is {config.backend.name!r}; the figures are the "
+                      "same: pass a config with --set backend.name=ray to play there)", markup=False, soft_wrap=True)
+        config = config.model_copy(update={"backend": config.backend.model_copy(update={"name": "local"})})
     tasks = evaluation_tasks(range(args.seed, args.seed + args.episodes), greedy=args.greedy, stream=args.stream)
     with Player(config, state) as player:
         trajectories = player.play(tasks)
@@ -609,7 +625,8 @@ def _eval_target(args: argparse.Namespace) -> tuple[Path | None, Any]:
     checkpoint's own). A checkpoint file is itself; a run directory or a config YAML (whose
     run directory is then used, with that config) mean the run's final checkpoint, else its
     best or latest one (:data:`_EVAL_SLOTS`). A config whose manager does not learn (an
-    oracle, a scripted or random order) and has no run means no checkpoint (None)."""
+    oracle, a scripted or random order) means no checkpoint (None): it is played as it is,
+    whatever run has its name."""
     from gyre_ma.config import load_config
 
     target, config = Path(args.checkpoint), None
@@ -618,8 +635,8 @@ def _eval_target(args: argparse.Namespace) -> tuple[Path | None, Any]:
         config = load_config(args.config, overrides)
     if target.is_file() and target.suffix in (".yaml", ".yml"):
         config = load_config(target, overrides)
-        if not config.manager.learns and not (config.run_dir / "checkpoints").is_dir():
-            return None, config  # an oracle, scripted or random order: nothing to load
+        if not config.manager.learns:
+            return None, config  # an oracle, scripted or random order: nothing to load, whatever run has its name
         if not config.run_dir.exists():
             raise UsageError(f"config {str(target)!r}: its run directory {str(config.run_dir)!r} does not exist; "
                              f"train it first (gyre-ma train {target}), or pass a checkpoint file")
@@ -707,9 +724,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     from gyre_ma.experiment import counted, grid, load_experiment, run_experiment, run_state
 
-    if args.ray and args.jobs is not None:
-        raise UsageError("--jobs sets how many local processes run at once; with --ray, Ray runs as many runs at "
-                         "once as the cluster has CPUs: drop one of them")
     if args.ray_address is not None and not args.ray:
         raise UsageError("--ray-address is the cluster the runs go to with --ray; add --ray")
     exp = load_experiment(args.file, root=args.root)  # every run's config is checked before any runs
@@ -730,7 +744,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
                         said[r.run.name] = r.state
                         console.print(_experiment_line(exp, r), markup=False, soft_wrap=True)
 
-            records = run_experiment(exp, jobs=args.jobs or 1, use_ray=args.ray, ray_address=args.ray_address,
+            records = run_experiment(exp, jobs=args.jobs, use_ray=args.ray, ray_address=args.ray_address,
                                      on_progress=show if not args.quiet else None)
     finally:
         if table:
@@ -857,7 +871,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("experiment", help="train seeds × variants of an experiment file, in parallel; rerun to resume")
     p.add_argument("file", help="experiment YAML (base config, variants, seeds, budget, report, evaluation)")
     p.add_argument("--jobs", type=int, help="runs at once as local processes (one torch thread each; default 1); "
-                   "not with --ray, where Ray runs as many as the cluster has CPUs")
+                   "with --ray, the most runs on the cluster at once (default: all, Ray running as many as it has "
+                   "CPUs)")
     p.add_argument("--ray", action="store_true", help="run each run as a Ray task instead")
     p.add_argument("--ray-address", help="with --ray: an existing cluster's address (default: start one here)")
     p.add_argument("--root", help="override the experiment's root folder")
@@ -870,6 +885,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _warnings_in_one_line(command: str) -> Iterator[None]:
+    """gyre-ma's own warnings as one line, ``gyre-ma train: warning: ...``, rather than
+    Python's ``file:line: RuntimeWarning: ...`` with a line of gyre-ma's source under it;
+    other packages' warnings as Python shows them."""
+    import warnings
+
+    from gyre_ma.options.errors import gyre_ma_dirs
+
+    plain = warnings.formatwarning
+
+    def one_line(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+        if str(Path(filename).resolve()).startswith(gyre_ma_dirs()):
+            return f"gyre-ma {command}: warning: {' '.join(str(message).split())}\n"
+        return plain(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = plain
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv is None:  # the program: import a config's modules from the folder it runs in, as python -m does
@@ -880,7 +918,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return int(exc.code or 0)
     try:
-        return COMMANDS[args.command](args)
+        with _warnings_in_one_line(args.command):
+            return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -440,17 +440,20 @@ def _die_with_parent() -> None:
             _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
-def run_experiment(exp: Experiment, *, jobs: int = 1, ray_address: str | None = None, use_ray: bool = False,
-                   on_progress: Callable[[list[Progress]], None] | None = None) -> list[Progress]:
-    """Play every run not yet done, ``jobs`` at a time (or as Ray tasks); returns each run's
-    progress record (``state`` ``done`` or ``failed`` with its error)."""
-    if jobs < 1:
+def run_experiment(exp: Experiment, *, jobs: int | None = None, ray_address: str | None = None,
+                   use_ray: bool = False, on_progress: Callable[[list[Progress]], None] | None = None,
+                   ) -> list[Progress]:
+    """Play every run not yet done, ``jobs`` at a time in local processes (None: 1), or as
+    Ray tasks, at most ``jobs`` on the cluster at once (None: all, Ray running as many as
+    it has CPUs); returns each run's progress record (``state`` ``done`` or ``failed`` with
+    its error)."""
+    if jobs is not None and jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     with lock_folder(exp.folder, "gyre-ma experiment", "wait for it, or give this one another name or root"):
         return _run_locked(exp, jobs=jobs, ray_address=ray_address, use_ray=use_ray, on_progress=on_progress)
 
 
-def _run_locked(exp: Experiment, *, jobs: int, ray_address: str | None, use_ray: bool,
+def _run_locked(exp: Experiment, *, jobs: int | None, ray_address: str | None, use_ray: bool,
                 on_progress: Callable[[list[Progress]], None] | None) -> list[Progress]:
     _record_spec(exp)
     records = [Progress(run) for run in exp.runs]
@@ -481,9 +484,9 @@ def _run_locked(exp: Experiment, *, jobs: int, ray_address: str | None, use_ray:
         watcher.start()
     try:
         if use_ray:
-            _run_on_ray(exp, todo, ray_address)
+            _run_on_ray(exp, todo, ray_address, jobs)
         else:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
+            with ThreadPoolExecutor(max_workers=jobs or 1) as pool:
                 futures = [pool.submit(play, rec) for rec in todo]
                 try:
                     for future in futures:
@@ -501,9 +504,10 @@ def _run_locked(exp: Experiment, *, jobs: int, ray_address: str | None, use_ray:
     return records
 
 
-def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None) -> None:
+def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None, jobs: int | None) -> None:
     """Each run a Ray task of one CPU (the cluster's nodes must see the experiment folder
-    and the base config at the same paths: a shared filesystem)."""
+    and the base config at the same paths: a shared filesystem), at most ``jobs`` of them
+    submitted at a time (None: all at once, Ray running as many as the cluster has CPUs)."""
     import ray
 
     if not ray.is_initialized():
@@ -523,10 +527,17 @@ def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None) -> N
             return str(exc)
         return None
 
-    pending = {task.remote(rec.run): rec for rec in todo}
+    waiting, pending = list(todo), {}
     for rec in todo:
         rec.state, rec.started = "queued on ray", None
-        _ray_start_marker(exp, rec.run).unlink(missing_ok=True)
+
+    def submit() -> None:
+        while waiting and (jobs is None or len(pending) < jobs):
+            rec = waiting.pop(0)
+            _ray_start_marker(exp, rec.run).unlink(missing_ok=True)  # before the task can make it
+            pending[task.remote(rec.run)] = rec
+
+    submit()
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
         for rec in pending.values():
@@ -540,6 +551,7 @@ def _run_on_ray(exp: Experiment, todo: list[Progress], address: str | None) -> N
         rec.state, rec.error, rec.ended = ("failed", error, time.time()) if error else ("done", None, time.time())
         rec.started = rec.started if rec.started is not None else rec.ended
         _ray_start_marker(exp, rec.run).unlink(missing_ok=True)
+        submit()
 
 
 def _ray_start_marker(exp: Experiment, run: RunSpec) -> Path:

@@ -69,7 +69,7 @@ def user_frame(error: BaseException) -> str | None:
     frames = traceback.extract_tb(error.__traceback__)
     if not frames:
         return None
-    skip = _LIBRARY_DIRS + _gyre_ma_dirs()
+    skip = _LIBRARY_DIRS + gyre_ma_dirs()
     for frame in reversed(frames):
         path = str(Path(frame.filename).resolve())
         if not path.startswith(skip):
@@ -78,7 +78,7 @@ def user_frame(error: BaseException) -> str | None:
 
 
 @functools.cache
-def _gyre_ma_dirs() -> tuple[str, ...]:
+def gyre_ma_dirs() -> tuple[str, ...]:
     """gyre-ma's own source folders, found beside this one (an editable install keeps them
     outside site-packages; an installed gyre-ma is inside it, which is skipped already)."""
     root = Path(__file__).resolve().parents[1]

@@ -42,7 +42,15 @@ def start_ray(init: Mapping[str, Any] | None = None, *, where: str = "backend.ra
         _check_reachable(os.environ["RAY_ADDRESS"], "RAY_ADDRESS (the environment)")
     else:
         args["address"] = "local"
-    ray.init(**args)
+    try:
+        ray.init(**args)
+    except ConnectionError as exc:
+        if args["address"] == "local" or os.environ.get("RAY_AUTH_MODE") == "token":
+            raise
+        raise ValueError(f"{where}: {exc}; a cluster started with token authentication (what ray start does since "
+                         "Ray 2.59) takes only drivers that send its token: set RAY_AUTH_MODE=token in the "
+                         "environment (the token is read from RAY_AUTH_TOKEN or ~/.ray/auth_token; ray "
+                         "get-auth-token prints it), or on the head machine use the address auto") from None
 
 
 def _check_reachable(address: str, where: str) -> None:

@@ -223,6 +223,43 @@ def test_eval_plays_a_config_whose_manager_does_not_learn_without_a_run(tmp_path
     assert f"its run directory '{tmp_path / 'learned'}' does not exist; train it first (gyre-ma train {learned})" in err
 
 
+def test_eval_plays_what_the_config_says_on_the_local_backend(tmp_path, capsys):
+    """A session-53 user's ``eval base.yaml --set manager.kind=random`` evaluated the run's
+    learned checkpoint (the config's run existed), and a Ray-trained run's eval started Ray
+    for figures the local backend gives as well."""
+    import json
+
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"name: mine\nenv: {{id: coverage_v0}}\nrun_root: {tmp_path}\nbackend: {{name: ray}}\n")
+    assert main(["train", str(config), "--iterations", "1", "--quiet", "--set", "backend.name=local"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(config), "--episodes", "4", "--set", "manager.kind=random",
+                 "--json", str(tmp_path / "random.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(manager random, nothing learned)" in out and "checkpoints" not in out
+    assert "playing on the local backend (the config's is 'ray'; the figures are the same" in out
+    assert main(["eval", str(config), "--episodes", "4", "--json", str(tmp_path / "learned.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"evaluating {tmp_path / 'mine' / 'checkpoints' / 'final.pt'}" in out and "playing on the local" in out
+    assert json.loads((tmp_path / "learned.json").read_text())["episodes"][0]["task_seed"] == 1_000_000
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()
+
+
+def test_gyre_mas_own_warnings_are_one_line_on_the_command_line(capsys):
+    import warnings
+
+    from gyre_ma.backends import local
+    from gyre_ma.cli import _warnings_in_one_line
+
+    with _warnings_in_one_line("train"), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        shown = warnings.formatwarning("workers\n  wait", RuntimeWarning, local.__file__, 1)
+        other = warnings.formatwarning("theirs", RuntimeWarning, "/usr/lib/python3/x.py", 3)
+    assert shown == "gyre-ma train: warning: workers wait\n"
+    assert other.startswith("/usr/lib/python3/x.py:3: RuntimeWarning: theirs")
+
+
 def test_eval_of_a_config_takes_set_and_refuses_greedy_where_nothing_is_learned(tmp_path, capsys):
     """Baselines of an env variant needed a copy of the YAML (eval had no --set), and --greedy
     on a random order quietly played another random stream."""

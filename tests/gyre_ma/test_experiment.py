@@ -179,8 +179,12 @@ def test_a_run_killed_before_its_first_latest_checkpoint_starts_over(tmp_path):
 
 
 def test_runs_play_as_ray_tasks(tmp_path):
+    """``--jobs`` caps the runs on the cluster at once (a session-53 user on 2 CPUs had no way
+    to play one run at a time but a cluster of one CPU): with 1, the second run starts after
+    the first has written its final checkpoint."""
     path = _experiment(tmp_path, seeds=1, iterations=1)
-    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "experiment", str(path), "--ray", "--quiet"],
+    out = subprocess.run([sys.executable, "-m", "gyre_ma.cli", "experiment", str(path), "--ray", "--jobs", "1",
+                          "--quiet"],
                          capture_output=True, text=True, timeout=600,
                          env=os.environ | {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})
     assert out.returncode == 0, out.stderr[-2000:]
@@ -188,6 +192,9 @@ def test_runs_play_as_ray_tasks(tmp_path):
     assert [run_state(folder / "runs" / n) for n in ("anchored-s0", "plain_gae-s0")] == ["done", "done"]
     assert "all 2 runs done" in out.stdout
     assert not list((folder / "logs").glob("*.ray-started"))  # each task's start marker, read and removed
+    runs = sorted((folder / "runs").iterdir(), key=lambda run: (run / "config.yaml").stat().st_mtime)
+    first_ended = (runs[0] / "checkpoints" / "final.pt").stat().st_mtime
+    assert (runs[1] / "config.yaml").stat().st_mtime >= first_ended
 
 
 def test_a_run_plays_from_the_folder_the_experiment_started_in_wherever_its_process_starts(tmp_path, monkeypatch):

@@ -85,6 +85,22 @@ def test_a_resume_keeps_the_runs_config_unless_forced_and_says_when_it_is_finish
     assert [g["lr"] for g in latest["manager_optimizer"]["param_groups"]] == [0.01]
 
 
+def test_a_resume_may_change_where_episodes_are_played(tmp_path, capsys):
+    """A run trained on Ray goes on without the cluster (a session-53 user was refused
+    "backend.name: 'ray' -> 'local'"): the backend's placement keys, which a synchronous
+    run's figures do not depend on, may change on a resume and are recorded; what changes
+    the figures (async rollouts) is still refused."""
+    assert train(tmp_path, "--iterations", "1", "--set", "backend.workers=3") == 0
+    capsys.readouterr()
+    assert train(tmp_path, "--resume", "--iterations", "2", "--set", "backend.async_rollouts=true") == 2
+    assert "backend.async_rollouts: False -> True" in capsys.readouterr().err
+    assert train(tmp_path, "--resume", "--iterations", "2", "--set", "backend.episodes_per_call=8") == 0
+    history = yaml.safe_load((tmp_path / "minigrid_doorkey" / "config_history.yaml").read_text())
+    assert history == [{"resumed_at_iteration": 1, "changed": {"backend.episodes_per_call": [32, 8],
+                                                                "backend.workers": [3, 2],
+                                                                "train.iterations": [1, 2]}}]
+
+
 def test_run_names_cannot_escape_the_run_root():
     for name in ("../../x", "/abs/path", "a/b", ".hidden", ""):
         try:

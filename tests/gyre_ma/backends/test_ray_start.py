@@ -33,7 +33,7 @@ def test_an_address_where_no_cluster_answers_is_named_at_once(monkeypatch):
     assert time.monotonic() - start < 5
 
 
-def test_the_cli_says_these_in_one_line_and_refuses_jobs_with_ray(tmp_path, capsys):
+def test_the_cli_says_these_in_one_line_and_refuses_an_address_without_ray(tmp_path, capsys):
     config = tmp_path / "ray.yaml"
     config.write_text(f"name: r\nenv: {{id: coverage_v0}}\nrun_root: {tmp_path}\n"
                       "backend: {name: ray, ray_init: {num_cpu: 1}}\n")
@@ -43,7 +43,5 @@ def test_the_cli_says_these_in_one_line_and_refuses_jobs_with_ray(tmp_path, caps
     experiment = tmp_path / "exp.yaml"
     experiment.write_text(f"name: e\nbase: ray.yaml\nroot: {tmp_path}\nvariants: {{a: {{}}}}\nseeds: 1\n"
                           "budget: {iterations: 1}\n")
-    assert main(["experiment", str(experiment), "--ray", "--jobs", "2"]) == 2
-    assert "--jobs sets how many local processes run at once; with --ray" in capsys.readouterr().err
     assert main(["experiment", str(experiment), "--ray-address", "auto"]) == 2
     assert "--ray-address is the cluster the runs go to with --ray; add --ray" in capsys.readouterr().err

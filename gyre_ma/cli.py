@@ -337,23 +337,29 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
+    session = [0.0, 0.0]  # env steps and seconds of this session's iterations
     said_stop = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
-               TextColumn("{task.fields[steps]} env steps · {task.fields[success]}"),
+               TextColumn("{task.fields[steps]} env steps{task.fields[rate]} · {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     try:
         live = console.is_terminal  # redirected to a file, a live bar is cut to 80 columns: a line an iteration
         with Progress(*columns, console=console, disable=args.quiet or not live) as progress:
             task = progress.add_task("train", total=config.train.iterations, completed=first,
-                                     steps=gyre.env_steps, success="—")
+                                     steps=gyre.env_steps, rate="", success="—")
             for i in range(first, config.train.iterations):
+                before = gyre.env_steps
                 metrics, trajectories = gyre.iteration(i, return_trajectories=True)
+                session[0] += metrics["env_steps"] - before
+                session[1] += metrics["iteration_seconds"]
+                rate = f" ({(metrics['env_steps'] - before) / max(metrics['iteration_seconds'], 1e-9):,.0f}/s)"
                 monitor.log(metrics, step=int(metrics["env_steps"]))  # iteration is a column
                 monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
-                progress.update(task, advance=1, steps=int(metrics["env_steps"]), success=_success_line(metrics))
+                progress.update(task, advance=1, steps=int(metrics["env_steps"]), rate=rate,
+                                success=_success_line(metrics))
                 if not live and not args.quiet:
-                    console.print(f"iter {i + 1}/{config.train.iterations} · {int(metrics['env_steps'])} env steps · "
-                                  f"{_success_line(metrics)}", markup=False, soft_wrap=True)
+                    console.print(f"iter {i + 1}/{config.train.iterations} · {int(metrics['env_steps'])} env steps"
+                                  f"{rate} · {_success_line(metrics)}", markup=False, soft_wrap=True)
                 said_stop = _say_rollbacks(progress.console, gyre, metrics, i, said_stop)
     finally:
         gyre.close()
@@ -370,6 +376,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     faults = {k: sum(row.get(k, 0.0) for row in monitor.history) for k in _FAULT_KEYS}
     for key, total in faults.items():
         table.add_row(f"{key} (this session)", f"{total:.4g}")
+    if session[1] > 0:  # rollouts, updates and validation together
+        table.add_row("env steps per second of training (this session)", f"{session[0] / session[1]:,.0f}")
     console.print(table)
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
     ck = gyre.checkpoints

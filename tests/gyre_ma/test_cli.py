@@ -330,3 +330,17 @@ def test_check_names_milestones_no_goal_needs_and_a_library_graph_unlike_the_env
     assert "eat_food (0.02) (each pays the learner to reach it, though no goal needs it: give reward 0" in out
     assert "gather_stone collect_stone repeatable scripted 250 — after make_wood_pickaxe + safe_with_wood_pickaxe" \
         in " ".join(out.replace("│", " ").split())  # "starts when": the graph's prerequisites, then the predicate
+
+
+def test_training_says_its_env_steps_per_second(tmp_path, capsys):
+    """A session-53 user found no throughput anywhere and worked it out from metrics.csv."""
+    import re
+
+    config = tmp_path / "q.yaml"
+    config.write_text(f"name: q\nenv: {{id: coverage_v0}}\nrun_root: {tmp_path}\n")
+    assert main(["train", str(config), "--iterations", "2"]) == 0
+    out = capsys.readouterr().out
+    rates = [float(r.replace(",", "")) for r in re.findall(r"iter \d/2 · \d+ env steps \(([\d,]+)/s\) · ", out)]
+    assert len(rates) == 2 and all(r > 0 for r in rates)
+    row = next(line for line in out.splitlines() if "env steps per second of training (this session)" in line)
+    assert float(row.split("│")[2].strip().replace(",", "")) > 0

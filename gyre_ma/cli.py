@@ -591,11 +591,47 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for key in sorted(k for k in metrics if k.startswith("reward/")):
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
+    options = _option_figures(trajectories, player.library)
+    if options:
+        by_option = Table(title="option calls: how each ended (share of its calls)")
+        for col in ("option", "calls per episode", "mean steps", "achieved", "failed", "cut short"):
+            by_option.add_column(col, justify="left" if col == "option" else "right")
+        for name, row in options.items():
+            by_option.add_row(name, f"{row['calls_per_episode']:.2f}", f"{row['mean_steps']:.1f}",
+                              f"{row['achieved']:.1%}", f"{row['failed']:.1%}", f"{row['cut_short']:.1%}")
+        console.print(by_option)
+        console.print("achieved: its milestone verified, or its done condition met; failed: its failure predicate, "
+                      "its step cap, its sub-policy blocked or out of time; cut short: the episode ended first",
+                      markup=False, soft_wrap=True)
     if args.json:  # the figures, and each episode's own (for intervals of your choosing, or pairing with another run)
         episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
                      "option_calls": len(t.calls)} for t in trajectories]
-        write_json(Path(args.json), metrics | {"episodes": episodes})
+        write_json(Path(args.json), metrics | {"episodes": episodes, "options": options})
     return 0
+
+
+_ACHIEVED = ("milestone", "done")
+_FAILED = ("failure", "max_steps", "blocked", "timeout")
+
+
+def _option_figures(trajectories: Sequence[Any], library: Any) -> dict[str, dict[str, float]]:
+    """Per option called: calls per episode, mean steps a call, and the shares of its calls
+    that achieved what they were for, failed, or were cut short by the episode's end (which
+    option of a library is the weak one: a session-53 user found it in the spot checks)."""
+    names = library.names
+    ended: dict[str, list[str]] = {}
+    steps: dict[str, int] = {}
+    for t in trajectories:
+        for c in t.calls:
+            name = names[c.option]
+            ended.setdefault(name, []).append(c.termination.value if c.termination is not None else "episode")
+            steps[name] = steps.get(name, 0) + c.duration
+    n = max(len(trajectories), 1)
+    return {name: {"calls_per_episode": len(ended[name]) / n, "mean_steps": steps[name] / len(ended[name]),
+                   "achieved": sum(e in _ACHIEVED for e in ended[name]) / len(ended[name]),
+                   "failed": sum(e in _FAILED for e in ended[name]) / len(ended[name]),
+                   "cut_short": sum(e not in _ACHIEVED + _FAILED for e in ended[name]) / len(ended[name])}
+            for name in names if name in ended}
 
 
 def _mean_interval(values: list[float]) -> tuple[float, float]:

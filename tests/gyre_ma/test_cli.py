@@ -238,6 +238,15 @@ def test_eval_plays_what_the_config_says_on_the_local_backend(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "(manager random, nothing learned)" in out and "checkpoints" not in out
     assert "playing on the local backend (the config's is 'ray'; the figures are the same" in out
+    assert "option calls: how each ended" in out  # which option is the weak one, per option
+    options = json.loads((tmp_path / "random.json").read_text())["options"]
+    assert set(options) <= {"go_to_0", "go_to_1", "go_to_2", "stay"} and "go_to_0" in options
+    for row in options.values():
+        assert row["calls_per_episode"] > 0 and row["mean_steps"] >= 1
+        assert abs(row["achieved"] + row["failed"] + row["cut_short"] - 1) < 1e-9
+    episodes = json.loads((tmp_path / "random.json").read_text())["episodes"]
+    calls = sum(e["option_calls"] for e in episodes) / len(episodes)
+    assert abs(sum(row["calls_per_episode"] for row in options.values()) - calls) < 1e-9
     assert main(["eval", str(config), "--episodes", "4", "--json", str(tmp_path / "learned.json")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"evaluating {tmp_path / 'mine' / 'checkpoints' / 'final.pt'}" in out and "playing on the local" in out

@@ -95,8 +95,9 @@ class Entry:
 
     @property
     def rank(self) -> tuple[float, float, int]:
-        """Elite order: verified outcome, then return, then the newer one."""
-        return (float(self.trajectory.success), float(self.trajectory.total_reward), self.id)
+        """Elite order: verified outcome (a guard's veto making it a failure), then return,
+        then the newer one."""
+        return (float(self.trajectory.counted_success), float(self.trajectory.total_reward), self.id)
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,9 @@ class Curriculum:
         return max(1, math.ceil(k * path - 1e-9))
 
     def succeeded(self, traj: Trajectory) -> bool:
-        """Verified completion of this phase's goal."""
+        """Verified completion of this phase's goal (a guard's veto making it none)."""
+        if traj.vetoed:
+            return False
         return traj.success if self.goal is None else self.goal in traj.milestone_steps
 
     def success_rate(self, trajectories: Sequence[Trajectory]) -> float:

@@ -102,7 +102,8 @@ class Monitor:
         lines = [f"# Iteration {iteration}: {len(picks)} of {len(trajectories)} trajectories", ""]
         for k in sorted(int(p) for p in picks):
             t = trajectories[k]
-            verdict = "**verified success**" if t.success else "not completed"
+            verdict = ("**verified success, vetoed by a guard rule** (the learner counts it a failure)"
+                       if t.success and t.vetoed else "**verified success**" if t.success else "not completed")
             paid = sum(c.reward for c in t.calls)
             lines += [f"## Trajectory {k} — task seed {t.task_seed}, policy v{t.policy_version}",
                       f"{verdict}; {t.length} steps; env reward {t.total_reward:.3g}; paid to the learner "

@@ -112,6 +112,16 @@ class Trajectory:
     """Model outputs an LLM-backed sub-policy could not use (each one retried or replaced)."""
     llm_fallbacks: int = 0
     """Steps whose LLM-backed sub-policy ran out of retries and took its fallback action."""
+    vetoed: bool = False
+    """A guard rule vetoed the episode (set when its rewards are arbitrated)."""
+
+    @property
+    def counted_success(self) -> bool:
+        """Verified success that no guard vetoed: what the learner counts as a win (its
+        outcome, self-imitation's group best, the elite order, the curriculum). A guard veto
+        ranks above the outcome, so a shortcut the guards catch is worth a failure, not a
+        success the learner would chase."""
+        return self.success and not self.vetoed
 
     def agent_calls(self, agent: str) -> list[OptionCall]:
         return [c for c in self.calls if c.agent == agent]

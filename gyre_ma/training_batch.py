@@ -59,9 +59,9 @@ def segment(trajectories: list[Trajectory], agents: list[str]) -> Segments:
 
 
 def outcomes(trajectories: list[Trajectory], credit: CreditConfig) -> torch.Tensor:
-    """Each episode's verified outcome [E] (success, less the length term)."""
+    """Each episode's verified outcome [E] (success no guard vetoed, less the length term)."""
     return episode_outcomes(
-        success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
+        success=torch.tensor([t.counted_success for t in trajectories], dtype=torch.bool),
         length=torch.tensor([t.length for t in trajectories]),
         horizon=torch.tensor([t.horizon for t in trajectories]),
         length_weight=credit.outcome_length_weight)
@@ -150,7 +150,7 @@ def build_batch(trajectories: list[Trajectory], seg: Segments, *, config: Experi
         terminated=terminated, truncated=torch.zeros_like(terminated), gamma=credit.gamma, lam=credit.lam,
         milestones=milestones, mask=mask, episode_index=seg.episode,
         outcomes=episode_outcome, groups=groups,
-        success=torch.tensor([t.success for t in trajectories], dtype=torch.bool),
+        success=torch.tensor([t.counted_success for t in trajectories], dtype=torch.bool),
         w_max=credit.blend_weight, w_length=credit.outcome_weight_succeeded, std_ref=0.5,
         outcome_credit=credit.outcome_credit, anchor_prior=credit.anchor_prior,
         step_weight=credit.gigpo_step_weight, **anchors,

@@ -73,7 +73,9 @@ def summarize(breakdowns: Sequence[Sequence[RewardBreakdown]],
     ``reward/<part>``, ``reward/total``, ``reward/removed`` and ``reward/vetoed_episodes``.
     With ``success`` (one verified-completion flag per episode) also
     ``reward/total_failed``: the mean total of the episodes that did not complete, NaN when
-    every episode completed (what the reward-hacking alarm watches: a hack pays failures).
+    every episode completed (what the reward-hacking alarm watches: a hack pays failures),
+    and ``reward/vetoed_successes``: the share of episodes that verified every goal and that
+    a guard vetoed (the learner counts them failures: a shortcut the guards caught).
     """
     if success is not None and len(success) != len(breakdowns):
         raise ValueError(f"summarize: {len(success)} success flags for {len(breakdowns)} episodes")
@@ -90,4 +92,6 @@ def summarize(breakdowns: Sequence[Sequence[RewardBreakdown]],
     if success is not None:
         failed = [sum(b.total for b in episode) for episode, ok in zip(breakdowns, success, strict=True) if not ok]
         out["reward/total_failed"] = sum(failed) / len(failed) if failed else math.nan
+        out["reward/vetoed_successes"] = sum(ok and any(b.guard for b in episode)
+                                             for episode, ok in zip(breakdowns, success, strict=True)) / n
     return out

@@ -60,6 +60,7 @@ def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Se
     milestones were verified (weighted by their graph reward), every other part at the
     call's last step. ``gamma`` is ``credit.gamma``; 1 gives the plain total."""
     for traj, bds in zip(trajectories, breakdowns, strict=True):
+        traj.vetoed = any(b.guard for b in bds)
         unpaid = declined(traj, graph) if graph is not None else frozenset()
         for call, b in zip(traj.calls, bds, strict=True):
             call.breakdown = b  # type: ignore[attr-defined]

@@ -134,3 +134,32 @@ def test_rules_file_adds_rules_and_names_clashes(setup, tmp_path):
     path.write_text("- name: compliance_before_submit\n  require: {submitted: false}\n")
     with pytest.raises(ValueError, match="rule name 'compliance_before_submit' is used twice"):
         RewardScorer(cfg, lib.graph)
+
+
+def test_a_success_a_guard_vetoed_counts_as_a_failure_for_the_learner(setup):
+    """A session-53 user's guards vetoed 99.5 % of episodes (a faked report that fooled the
+    milestone detectors) and the default learner still converged on the cheat: its outcome,
+    and so self-imitation's group best, counted the vetoed episodes as successes. A guard
+    veto ranks above the outcome: the learner counts such an episode a failure."""
+    import dataclasses
+
+    from gyre_ma.config import CreditConfig
+    from gyre_ma.rewards.breakdown import summarize
+    from gyre_ma.trainers.self_imitation import group_best
+    from gyre_ma.training_batch import outcomes
+
+    scorer = make_scorer(setup)
+    trajs = collect(setup, scorer, n=4)
+    scored = scorer.score(trajs, iteration=0)
+    breakdowns = [list(b) for b in scored.breakdowns]
+    assert trajs[0].success and trajs[2].success  # the oracle's
+    breakdowns[2] = [dataclasses.replace(b, guard=True) for b in breakdowns[2]]  # a success the guards caught
+    apply_breakdowns(trajs, breakdowns, gamma=1.0)
+    assert [t.vetoed for t in trajs] == [any(b.guard for b in bds) for bds in breakdowns]
+    assert trajs[2].success and trajs[2].vetoed and not trajs[2].counted_success and trajs[0].counted_success
+    outcome = outcomes(trajs, CreditConfig())
+    assert outcome[0] > 0 and outcome[2] == 0 and outcome[1] == outcome[3] == 0
+    best = group_best(outcome[[0, 2]], torch.tensor([7, 7]))  # the two as one group: only the clean one wins
+    assert best.tolist() == [1.0, 0.0]
+    metrics = summarize(breakdowns, success=[t.success for t in trajs])
+    assert metrics["reward/vetoed_successes"] == 0.25

@@ -600,6 +600,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for col in ("option", "calls per episode", "mean steps", "achieved", "failed", "cut short"):
             by_option.add_column(col, justify="left" if col == "option" else "right")
         for name, row in options.items():
+            if row["mean_steps"] is None:
+                by_option.add_row(name, "0", "—", "—", "—", "—")
+                continue
             by_option.add_row(name, f"{row['calls_per_episode']:.2f}", f"{row['mean_steps']:.1f}",
                               f"{row['achieved']:.1%}", f"{row['failed']:.1%}", f"{row['cut_short']:.1%}")
         console.print(by_option)
@@ -634,7 +637,9 @@ def _option_figures(trajectories: Sequence[Any], library: Any) -> dict[str, dict
                    "achieved": sum(e in _ACHIEVED for e in ended[name]) / len(ended[name]),
                    "failed": sum(e in _FAILED for e in ended[name]) / len(ended[name]),
                    "cut_short": sum(e not in _ACHIEVED + _FAILED for e in ended[name]) / len(ended[name])}
-            for name in names if name in ended}
+            if name in ended else {"calls_per_episode": 0.0, "mean_steps": None, "achieved": None, "failed": None,
+                                   "cut_short": None}  # never called: every option has its row
+            for name in names}
 
 
 def _mean_interval(values: list[float]) -> tuple[float, float]:

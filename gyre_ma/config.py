@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -720,14 +720,24 @@ class ExperimentConfig(_Section):
         return Path(self.run_root) / self.name
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config section a field holds: the model itself, or the model a list, mapping or
+    optional of it holds (``list[RuleSpec]``); None for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for arg in get_args(annotation) if (m := _model_in(arg)) is not None), None)
+
+
 def _format_error(err: dict[str, Any], model: type[BaseModel]) -> str:
     path = ".".join(str(p) for p in err["loc"]) or "<root>"
     if err["type"] == "extra_forbidden":
         section: Any = model
         for part in err["loc"][:-1]:
-            field = section.model_fields.get(str(part)) if isinstance(part, str) else None
-            section = field.annotation if field is not None else None
-            if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            if isinstance(part, int):  # an item of a list (rewards.rules.0): its type is the section already
+                continue
+            field = section.model_fields.get(part)
+            section = _model_in(field.annotation) if field is not None else None
+            if section is None:
                 break
         accepted = sorted(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
         return f"unknown key '{path}'; accepted keys here: {accepted}"

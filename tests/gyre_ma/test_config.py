@@ -61,6 +61,9 @@ def test_errors_name_path_value_and_expectation():
     with pytest.raises(ConfigError, match=r"unknown key 'credit.lamda'; accepted keys here: "
                                           r"\['anchor_prior', 'gamma', 'gigpo_step_weight', 'lam'"):
         parse_config({"credit": {"lamda": 0.9}})
+    with pytest.raises(ConfigError, match=r"unknown key 'rewards.rules.0.bogus'; accepted keys here: "
+                                          r"\['check', 'description', 'given', 'kind', 'milestone', 'name'"):
+        parse_config({"rewards": {"rules": [{"name": "x", "bogus": 1}]}})  # an item of a list: its keys, not []
     with pytest.raises(ConfigError, match=r"`train.episodes_per_iteration` \(10\) must be a multiple of the group "
                                           r"size, `roles.explorers` \(1\) \+ `roles.executors` \(3\) = 4"):
         parse_config({"train": {"episodes_per_iteration": 10}})

@@ -338,7 +338,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
     session = [0.0, 0.0]  # env steps and seconds of this session's iterations
-    said_stop = False
+    said_stop = said_order = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps{task.fields[rate]} · {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -361,6 +361,14 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                     console.print(f"iter {i + 1}/{config.train.iterations} · {int(metrics['env_steps'])} env steps"
                                   f"{rate} · {_success_line(metrics)}", markup=False, soft_wrap=True)
                 said_stop = _say_rollbacks(progress.console, gyre, metrics, i, said_stop)
+                if gyre.out_of_order is not None and not said_order:
+                    said_order = True
+                    progress.console.print(
+                        f"warning: iteration {i}: {metrics['milestones/out_of_order_episodes']:.0%} of the episodes "
+                        f"verified a milestone before its prerequisites, e.g. {gyre.out_of_order}: a milestone "
+                        "detector the policy fooled, or a task graph that does not match the env (gyre-ma check "
+                        "fails such an env); its rewards were paid (metric milestones/out_of_order_episodes)",
+                        markup=False, soft_wrap=True)
     finally:
         gyre.close()
     monitor.close()
@@ -516,7 +524,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import code_references, parse_config
     from gyre_ma.files import write_json
-    from gyre_ma.metrics import episode_metrics, wilson_interval
+    from gyre_ma.metrics import episode_metrics, out_of_order, wilson_interval
     from gyre_ma.player import Player
     from gyre_ma.roles import check_held_out_seeds, evaluation_tasks
 
@@ -567,6 +575,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("verified completion", f"{metrics['success_rate']:.1%} (95 % CI {low:.1%}–{high:.1%})")
+    disorder, example = out_of_order(trajectories, player.library.graph)
+    metrics["milestones/out_of_order_episodes"] = disorder
+    if example is not None:
+        table.add_row("episodes with a milestone before its prerequisites (see below)", f"{disorder:.1%}")
     if any(t.vetoed for t in trajectories):  # the guards' verdict beside it, not only among the reward rows
         table.add_row("  of them vetoed by a guard rule (the learner counts these failures)",
                       f"{sum(t.success and t.vetoed for t in trajectories) / len(trajectories):.1%} of episodes")
@@ -594,6 +606,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for key in sorted(k for k in metrics if k.startswith("reward/")):
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
+    if example is not None:
+        console.print(f"milestones verified out of the task graph's order, e.g. {example}: a milestone detector the "
+                      "policy fooled, or a task graph that does not match the env (gyre-ma check fails such an env)",
+                      markup=False, soft_wrap=True)
     options = _option_figures(trajectories, player.library)
     if options:
         by_option = Table(title="option calls: how each ended (share of its calls)")

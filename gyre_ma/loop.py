@@ -23,7 +23,7 @@ from gyre_ma.buffer import TrajectoryBuffer
 from gyre_ma.checkpoints import ValidationDecision, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
-from gyre_ma.metrics import anchor_metrics, episode_metrics
+from gyre_ma.metrics import anchor_metrics, episode_metrics, out_of_order
 from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
@@ -59,6 +59,8 @@ class Gyre:
                                     n_options=len(self.library), option_names=self.library.names,
                                     fitter=self.learner.fitter, seed=config.seed)
         self.version = self.env_steps = self.next_iteration = 0
+        self.out_of_order: str | None = None
+        """The last iteration's first milestone verified before its prerequisites, in words (None: none)."""
         self._tempered: tuple[int, float] | None = None
         """(policy version, temperature) as the temperature was last set (:meth:`_temper`)."""
         self.buffer = TrajectoryBuffer.from_config(
@@ -196,6 +198,8 @@ class Gyre:
         trajectories, rollout_metrics = self.rollout(i)                    # A
         rollout_s = time.perf_counter() - start
         metrics |= rollout_metrics | episode_metrics(trajectories, self.library.graph.names)
+        share, self.out_of_order = out_of_order(trajectories, self.library.graph)
+        metrics["milestones/out_of_order_episodes"] = share
         metrics |= self.arbitrate(trajectories)                            # C: verified rewards
         if self.config.credit.anchored:
             metrics |= anchor_metrics(trajectories, self.config.credit, self.library.graph.names)

@@ -63,6 +63,28 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     return out
 
 
+def out_of_order(trajectories: Sequence[Trajectory], graph: Any) -> tuple[float, str | None]:
+    """The share of ``trajectories`` that verified a milestone before the task graph's
+    prerequisites of it (by the same step), and the first such case in words (None where
+    none did). An env whose rules enforce the graph never does this: a detector the episode
+    fooled does, or a graph that does not match the env (``gyre-ma check`` fails both)."""
+    first, count = None, 0
+    for t in trajectories:
+        for m, step in sorted(t.milestone_steps.items(), key=lambda item: item[1]):
+            if m not in graph:
+                continue
+            before = {x for x, s in t.milestone_steps.items() if s <= step}
+            if not graph.unlocked(m, before):
+                count += 1
+                if first is None:
+                    spec = graph.milestone(m)
+                    needs = [*(d for d in spec.requires if d not in before),
+                             *("one of " + " / ".join(g) for g in spec.any_of if not set(g) & before)]
+                    first = f"{m!r} at step {step} before {', '.join(needs)} (task seed {t.task_seed})"
+                break
+    return count / max(len(trajectories), 1), first
+
+
 def anchor_metrics(trajectories: list[Trajectory], credit: CreditConfig, names: tuple[str, ...]) -> dict[str, float]:
     """``anchor/<milestone>``: V(m) − ō over these episodes, what verifying m says about the
     outcome (negative: episodes that verify it end worse; 0: not verified or not telling).

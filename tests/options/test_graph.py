@@ -206,3 +206,20 @@ def test_an_any_of_group_of_one_milestone_is_refused_with_how_to_write_either_or
                                          r"that is needed, requires: \[campfire\]"):
         TaskGraph.from_spec({"goals": ["food"], "milestones": {
             "campfire": {}, "farm": {}, "food": {"any_of": [["campfire"], ["farm"]]}}})
+
+
+def test_milestones_verified_before_their_prerequisites_are_counted_and_named():
+    """A session-53 user's fake report fooled the env's detectors: 'report_submitted' was
+    verified without 'bench_cleaned', check failed the env, and training paid it in silence."""
+    from gyre_ma.metrics import out_of_order
+    from gyre_ma.rollout import Trajectory
+
+    g = TaskGraph.from_spec(chain_spec())
+    in_order = Trajectory(task_seed=1, policy_version=0, milestone_steps={"a": 2, "c": 9, "d": 9})  # same step: ok
+    either = Trajectory(task_seed=2, policy_version=0, milestone_steps={"a": 1, "b": 4, "d": 5})
+    skipped = Trajectory(task_seed=3, policy_version=0, milestone_steps={"a": 1, "d": 3})
+    early = Trajectory(task_seed=4, policy_version=0, milestone_steps={"b": 2, "a": 5})
+    assert out_of_order([in_order, either], g) == (0.0, None)
+    share, example = out_of_order([in_order, skipped, early, either], g)
+    assert share == 0.5 and example == "'d' at step 3 before one of b / c (task seed 3)"
+    assert out_of_order([early], g)[1] == "'b' at step 2 before a (task seed 4)"

@@ -140,6 +140,12 @@ def same_milestones(library: OptionLibrary, env: Any, where: str) -> None:
                      "or name its milestones as the env does")
 
 
+def has_oracle(env_id: str) -> bool:
+    """Whether ``env_id`` is a registered env with an oracle manager of its own."""
+    spec = ENVIRONMENTS.get(env_id)
+    return spec is not None and spec.oracle is not None
+
+
 def make_oracle(env_id: str, env: Any, library: OptionLibrary, source: str | None = None) -> Any:
     """The env's oracle manager, choosing among ``library``'s options; ``source`` (a
     ``module:callable`` taking any of ``env``, ``library`` by name) supplies one for any env."""

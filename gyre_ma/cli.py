@@ -52,6 +52,10 @@ def _load_library_and_config(source: str, overrides: dict[str, Any] | None = Non
         library = make_library(config.env.id, env, config.library, config.library_kwargs)
         if config.manager.kind in ("oracle", "scripted"):
             make_oracle(config.env.id, env, library, config.manager.policy)
+        if config.curriculum.enabled:  # the oracle that measures its path length
+            from gyre_ma.curriculum import Curriculum
+
+            Curriculum.oracle(config, env, library)
         if config.rewards.rules or config.rewards.rules_file:  # their milestones, options and checks
             from gyre_ma.rewards.scorer import RewardScorer
 

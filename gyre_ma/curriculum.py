@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from gyre_ma.envs.registry import make_oracle
+from gyre_ma.envs.registry import has_oracle, make_oracle
 from gyre_ma.rollout import Trajectory, run_episode
 
 if TYPE_CHECKING:
@@ -85,6 +85,18 @@ class Curriculum:
         self.promotions: list[tuple[int, Phase, Phase]] = []
         """(observation count, from, to) of every promotion."""
 
+    @staticmethod
+    def oracle(config: ExperimentConfig, env: Any, library: OptionLibrary) -> Any:
+        """The oracle whose episodes measure the path length: the env's own, or the one
+        ``manager.policy`` builds (the learned manager still learns; this one only plays the
+        measuring episodes)."""
+        if config.manager.policy is None and not has_oracle(config.env.id):
+            raise ValueError(f"curriculum.enabled: the horizon curriculum sets its step caps from the path length "
+                             f"of oracle episodes, and environment {config.env.id!r} has no built-in oracle; set "
+                             "manager.policy to a 'module:callable' that builds one (the manager still learns: "
+                             "the oracle only plays the measuring episodes)")
+        return make_oracle(config.env.id, env, library, config.manager.policy)
+
     @classmethod
     def from_config(cls, config: ExperimentConfig, env: Any, library: OptionLibrary) -> Curriculum:
         """Phases from ``config.curriculum``, path lengths from oracle episodes on ``env``."""
@@ -92,8 +104,8 @@ class Curriculum:
         if cur.warmup_goal is not None and cur.warmup_goal not in library.graph:
             raise ValueError(f"curriculum.warmup_goal: {cur.warmup_goal!r} is not a milestone; "
                              f"known: {list(library.graph.names)}")
-        oracle = make_oracle(config.env.id, env, library, config.manager.policy)
-        runs = [run_episode(env, library, oracle, seed=10**9 + s) for s in range(cur.oracle_episodes)]
+        runs = [run_episode(env, library, cls.oracle(config, env, library), seed=10**9 + s)
+                for s in range(cur.oracle_episodes)]
         return cls.from_oracle(runs, warmup_goal=cur.warmup_goal, k=cur.k, warmup_k=cur.warmup_k,
                                refine_k=cur.refine_k, threshold=cur.threshold, window=cur.window)
 

@@ -356,3 +356,17 @@ def test_training_says_its_env_steps_per_second(tmp_path, capsys):
     assert len(rates) == 2 and all(r > 0 for r in rates)
     row = next(line for line in out.splitlines() if "env steps per second of training (this session)" in line)
     assert float(row.split("│")[2].strip().replace(",", "")) > 0
+
+
+def test_a_curriculum_without_an_oracle_is_named_by_check_and_train(tmp_path, capsys):
+    """A session-53 user's curriculum passed check, then train blamed manager.kind (never set)
+    and pointed to kind 'scripted', which would have stopped the learning."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"name: c\nenv: {{id: 'gyre_ma.envs.coverage.coverage:CoverageEnv'}}\nrun_root: {tmp_path}\n"
+                      "library: gyre_ma.envs.coverage.options:make_library\ncurriculum: {enabled: true}\n")
+    for command in (["check", str(config), "--play", "0"], ["train", str(config), "--iterations", "1", "--quiet"]):
+        assert main(command) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "curriculum.enabled: the horizon curriculum sets its step caps from the path length of oracle " \
+               "episodes, and environment 'gyre_ma.envs.coverage.coverage:CoverageEnv' has no built-in oracle" in err
+        assert "the manager still learns" in err and "manager.kind" not in err

@@ -408,6 +408,33 @@ def test_a_greedy_manager_retries_a_failed_job_after_a_call_that_did_its_work():
     assert choose(job, T.FAILURE) == job  # all tried since the last milestone: a new round
 
 
+def test_an_upkeep_option_forced_alone_does_not_reopen_every_option():
+    """A session-53 user's expedition: greedy play looped forage → stone → wood (each ending
+    by its done condition) until food ran low and forage was the one eligible option; that
+    round reopened every option, so the argmax order came back and the ore the goal needed
+    was never tried: 0-1 % greedy success against 84-97 % sampled. A new round reopens only
+    the options eligible at it."""
+    from gyre_ma.options.option import Termination as T
+
+    forage, stone, wood, ore = range(4)
+    pol = ManagerPolicy(F, 4, A, hidden=32)
+    with torch.no_grad():
+        pol.head.weight.zero_()
+        pol.head.bias.copy_(torch.tensor([4.0, 3.0, 2.0, 1.0]))  # argmax order: forage, stone, wood, ore
+    manager = NoisyManager(pol, _Identity(), greedy=True, seed=0)
+    obs, everything = np.zeros(F, dtype=np.float32), np.ones(4, dtype=bool)
+    hungry = np.array([True, False, False, False])
+
+    def choose(last: int, how: T | None, mask: np.ndarray = everything) -> int:
+        d = Decision("agent_0", 0, obs, mask, frozenset(), last, 0.0, None, (), how)
+        return manager.decide([d])[0].option
+
+    assert [choose(-1, None), choose(forage, T.DONE), choose(stone, T.DONE)] == [forage, stone, wood]
+    assert choose(wood, T.DONE, hungry) == forage  # the one eligible option, tried already: a round of it
+    assert choose(forage, T.DONE) == ore  # stone and wood stay set aside: the untried ore at last
+    assert choose(ore, T.DONE) == forage  # every option tried: a new round of all
+
+
 def test_a_policys_temperature_reaches_every_rows_logits_perturbed_or_not():
     """The temperature is a buffer the learner sets in place: the batched forward pass (each
     row its slot's perturbed weights, or the policy's) divides every row's logits by it, as

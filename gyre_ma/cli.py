@@ -579,13 +579,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("verified completion", f"{metrics['success_rate']:.1%} (95 % CI {low:.1%}–{high:.1%})")
+    if any(t.vetoed for t in trajectories):  # the guards' verdict beside it, not only among the reward rows
+        table.add_row("  of them vetoed by a guard rule (the learner counts these failures)",
+                      f"{sum(t.success and t.vetoed for t in trajectories) / len(trajectories):.1%} of episodes")
     disorder, example = out_of_order(trajectories, player.library.graph)
     metrics["milestones/out_of_order_episodes"] = disorder
     if example is not None:
         table.add_row("episodes with a milestone before its prerequisites (see below)", f"{disorder:.1%}")
-    if any(t.vetoed for t in trajectories):  # the guards' verdict beside it, not only among the reward rows
-        table.add_row("  of them vetoed by a guard rule (the learner counts these failures)",
-                      f"{sum(t.success and t.vetoed for t in trajectories) / len(trajectories):.1%} of episodes")
     won = [t for t in trajectories if t.success]  # a success ends at the goal: its length is the steps to it
     metrics |= {"steps_to_goal": float(np.mean([t.length for t in won])) if won else float("nan"),
                 "calls_to_goal": float(np.mean([len(t.calls) for t in won])) if won else float("nan")}

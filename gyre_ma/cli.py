@@ -88,9 +88,14 @@ _PLAYED_KEYS = ("env", "library", "library_kwargs", "manager", "rewards", "train
 """Config keys (and the sections under them) whose override changes what an episode plays."""
 
 
+def _under(key: str, sections: Sequence[str]) -> bool:
+    """Whether the dotted ``key`` is one of ``sections`` or a key under one."""
+    return any(key == s or key.startswith(s + ".") for s in sections)
+
+
 def _plays(key: str) -> bool:
     """Whether an override of the dotted ``key`` changes what an episode plays."""
-    return any(key == p or key.startswith(p + ".") for p in _PLAYED_KEYS)
+    return _under(key, _PLAYED_KEYS)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -341,7 +346,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
-    session = [0.0, 0.0]  # env steps and seconds of this session's iterations
+    session_steps = session_seconds = 0.0  # this session's iterations
     said_stop = said_order = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps{task.fields[rate]} · {task.fields[success]}"),
@@ -354,8 +359,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             for i in range(first, config.train.iterations):
                 before = gyre.env_steps
                 metrics, trajectories = gyre.iteration(i, return_trajectories=True)
-                session[0] += metrics["env_steps"] - before
-                session[1] += metrics["iteration_seconds"]
+                session_steps += metrics["env_steps"] - before
+                session_seconds += metrics["iteration_seconds"]
                 rate = f" ({(metrics['env_steps'] - before) / max(metrics['iteration_seconds'], 1e-9):,.0f}/s)"
                 monitor.log(metrics, step=int(metrics["env_steps"]))  # iteration is a column
                 monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
@@ -369,9 +374,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                     said_order = True
                     progress.console.print(
                         f"warning: iteration {i}: {metrics['milestones/out_of_order_episodes']:.0%} of the episodes "
-                        f"verified a milestone before its prerequisites, e.g. {gyre.out_of_order}: a milestone "
-                        "detector the policy fooled, or a task graph that does not match the env (gyre-ma check "
-                        "fails such an env); its rewards were paid (metric milestones/out_of_order_episodes)",
+                        f"verified a milestone before its prerequisites, e.g. {gyre.out_of_order}: {_OUT_OF_ORDER}; "
+                        "its rewards were paid (metric milestones/out_of_order_episodes)",
                         markup=False, soft_wrap=True)
     finally:
         gyre.close()
@@ -388,8 +392,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     faults = {k: sum(row.get(k, 0.0) for row in monitor.history) for k in _FAULT_KEYS}
     for key, total in faults.items():
         table.add_row(f"{key} (this session)", f"{total:.4g}")
-    if session[1] > 0:  # rollouts, updates and validation together
-        table.add_row("env steps per second of training (this session)", f"{session[0] / session[1]:,.0f}")
+    if session_seconds > 0:  # rollouts, updates and validation together
+        table.add_row("env steps per second of training (this session)", f"{session_steps / session_seconds:,.0f}")
     console.print(table)
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
     ck = gyre.checkpoints
@@ -435,6 +439,11 @@ def _remove_if_only_lock(run_dir: Path) -> None:
         pass
 
 
+_OUT_OF_ORDER = ("a milestone detector the policy fooled, or a task graph that does not match the env (gyre-ma check "
+                 "fails such an env)")
+"""What a milestone verified before its prerequisites says, as train and eval tell it."""
+
+
 _FAULT_KEYS = ("backend/restarts", "backend/timeouts", "backend/reissued", "backend/requeued", "backend/replaced",
                "staleness/dropped")
 """Faults survived, counted per iteration and summed over the session in the summary."""
@@ -452,7 +461,7 @@ backend and Ray give the same; a run trained on a cluster may go on without it).
 
 
 def _may_change(key: str) -> bool:
-    return key in _BUDGET_KEYS or any(key == p or key.startswith(p + ".") for p in _PLACEMENT_KEYS)
+    return key in _BUDGET_KEYS or _under(key, _PLACEMENT_KEYS)
 
 
 def _config_change(run_dir: Path, config: ExperimentConfig, *, force: bool) -> dict[str, Any]:
@@ -611,8 +620,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
     if example is not None:
-        console.print(f"milestones verified out of the task graph's order, e.g. {example}: a milestone detector the "
-                      "policy fooled, or a task graph that does not match the env (gyre-ma check fails such an env)",
+        console.print(f"milestones verified out of the task graph's order, e.g. {example}: {_OUT_OF_ORDER}",
                       markup=False, soft_wrap=True)
     options = _option_figures(trajectories, player.library)
     if options:

@@ -99,6 +99,12 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
+def _index_of(text: str, actions: Sequence[str]) -> int | None:
+    """The index of the action ``text`` is (whitespace aside), None where it is none of them."""
+    words = _words(text)
+    return next((i for i, a in enumerate(actions) if _words(a) == words), None)
+
+
 @runtime_checkable
 class BatchedSubPolicy(Protocol):
     """A sub-policy whose action comes from a batched model call."""
@@ -133,7 +139,7 @@ class LLMPolicy:
             raise ValueError(f"LLM option {name!r}: mode 'generate' needs a fallback action for outputs that "
                              "cannot be used")
         if (isinstance(fallback, str) and to_action is None and not callable(actions)
-                and _words(fallback) not in map(_words, actions)):
+                and _index_of(fallback, actions) is None):
             raise ValueError(f"LLM option {name!r}: the fallback {fallback!r} is not one of its actions "
                              f"{list(actions)}, and the option has no to_action to make an env action of its text; "
                              "give the env action itself (e.g. its index) or one of the action texts")
@@ -180,8 +186,7 @@ class LLMPolicy:
             else:
                 k = int(np.argmax(scores))
             return Resolution(self._act(ctx, actions, k))
-        text = _words(str(reply))
-        k = next((i for i, a in enumerate(actions) if _words(a) == text), None)
+        k = _index_of(str(reply), actions)
         if k is not None:
             ctx.memory.pop("llm_attempt", None)
             return Resolution(self._act(ctx, actions, k))
@@ -199,7 +204,7 @@ class LLMPolicy:
         fallback = self.fallback(ctx) if callable(self.fallback) else self.fallback
         if not isinstance(fallback, str):
             return fallback
-        k = next((i for i, a in enumerate(actions) if _words(a) == _words(fallback)), None)
+        k = _index_of(fallback, actions)
         if k is not None:
             return self._act(ctx, actions, k)
         if self.to_action is not None:

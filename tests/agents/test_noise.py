@@ -379,6 +379,25 @@ def test_a_greedy_manager_does_not_repeat_an_option_that_verified_nothing():
     assert waits == len(traj.milestone_steps)  # the argmax, once in each state until the goal
 
 
+def _greedy_choices():
+    """``choose(last option, how its call ended, mask)`` of a greedy manager over four options
+    whose argmax order is 0, 1, 2, 3, one agent deciding in one state."""
+    from gyre_ma.options.option import Termination
+
+    pol = ManagerPolicy(F, 4, A, hidden=32)
+    with torch.no_grad():
+        pol.head.weight.zero_()
+        pol.head.bias.copy_(torch.tensor([4.0, 3.0, 2.0, 1.0]))
+    manager = NoisyManager(pol, _Identity(), greedy=True, seed=0)
+    obs, everything = np.zeros(F, dtype=np.float32), np.ones(4, dtype=bool)
+
+    def choose(last: int, how: Termination | None, mask: np.ndarray | None = None) -> int:
+        d = Decision("agent_0", 0, obs, everything if mask is None else mask, frozenset(), last, 0.0, None, (), how)
+        return manager.decide([d])[0].option
+
+    return choose
+
+
 def test_a_greedy_manager_retries_a_failed_job_after_a_call_that_did_its_work():
     """The greedy tech-tree policy: a dig cut short by thirst (failure), then a drink; the dig
     waited for a round of every other option, and the episode ran out of time on 5-10 % of
@@ -386,18 +405,8 @@ def test_a_greedy_manager_retries_a_failed_job_after_a_call_that_did_its_work():
     ends by its done condition; options that did their work stay set aside (no cycling)."""
     from gyre_ma.options.option import Termination as T
 
-    job, gather, drink, wait = range(4)
-    pol = ManagerPolicy(F, 4, A, hidden=32)
-    with torch.no_grad():
-        pol.head.weight.zero_()
-        pol.head.bias.copy_(torch.tensor([4.0, 3.0, 2.0, 1.0]))  # argmax order: job, gather, drink, wait
-    manager = NoisyManager(pol, _Identity(), greedy=True, seed=0)
-    obs, mask = np.zeros(F, dtype=np.float32), np.ones(4, dtype=bool)
-
-    def choose(last: int, how: T | None) -> int:
-        d = Decision("agent_0", 0, obs, mask, frozenset(), last, 0.0, None, (), how)
-        return manager.decide([d])[0].option
-
+    job, gather, drink, wait = range(4)  # the argmax order
+    choose = _greedy_choices()
     assert choose(-1, None) == job
     assert choose(job, T.FAILURE) == gather  # the failed job is set aside
     assert choose(gather, T.DONE) == job  # one more item collected: the job may succeed now
@@ -416,19 +425,9 @@ def test_an_upkeep_option_forced_alone_does_not_reopen_every_option():
     the options eligible at it."""
     from gyre_ma.options.option import Termination as T
 
-    forage, stone, wood, ore = range(4)
-    pol = ManagerPolicy(F, 4, A, hidden=32)
-    with torch.no_grad():
-        pol.head.weight.zero_()
-        pol.head.bias.copy_(torch.tensor([4.0, 3.0, 2.0, 1.0]))  # argmax order: forage, stone, wood, ore
-    manager = NoisyManager(pol, _Identity(), greedy=True, seed=0)
-    obs, everything = np.zeros(F, dtype=np.float32), np.ones(4, dtype=bool)
+    forage, stone, wood, ore = range(4)  # the argmax order
+    choose = _greedy_choices()
     hungry = np.array([True, False, False, False])
-
-    def choose(last: int, how: T | None, mask: np.ndarray = everything) -> int:
-        d = Decision("agent_0", 0, obs, mask, frozenset(), last, 0.0, None, (), how)
-        return manager.decide([d])[0].option
-
     assert [choose(-1, None), choose(forage, T.DONE), choose(stone, T.DONE)] == [forage, stone, wood]
     assert choose(wood, T.DONE, hungry) == forage  # the one eligible option, tried already: a round of it
     assert choose(forage, T.DONE) == ore  # stone and wood stay set aside: the untried ore at last

@@ -23,7 +23,7 @@ from gyre_ma.buffer import TrajectoryBuffer
 from gyre_ma.checkpoints import ValidationDecision, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
-from gyre_ma.metrics import anchor_metrics, episode_metrics, out_of_order
+from gyre_ma.metrics import anchor_metrics, counted_success_rate, episode_metrics, out_of_order
 from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
@@ -143,7 +143,7 @@ class Gyre:
         return metrics | {"update_skipped": 0.0, "lr_scale": lr_scale, "entropy_coef": entropy_coef}
 
     def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
-        """Judge the current policy by verified success on held-out episodes, sampled and
+        """Judge the current policy by verified success that no guard vetoed, on held-out episodes, sampled and
         greedy (or, with no evaluators, on the training ``trajectories``), then by their mean
         length: keep it as best, or roll back to the best when its success fell significantly
         (LR cut, latest batch purged)."""
@@ -155,12 +155,11 @@ class Gyre:
             trajectories = self.backend.collect(self.weights(), self.version,
                                                 validation_tasks(seeds, modes=(False, True)))
             for mode, greedy in (("sampled", False), ("greedy", True)):
-                played = episode_metrics([t for t in trajectories if t.greedy == greedy], ())
-                metrics[f"validation/{mode}_success"] = played["success_rate"]
-                metrics[f"validation/{mode}_length"] = played["episode_length"]
-        played = episode_metrics(trajectories, ())
-        score, episodes = self.stability.score(played["success_rate"], episodes=len(trajectories),
-                                               length=played["episode_length"])
+                played = [t for t in trajectories if t.greedy == greedy]
+                metrics[f"validation/{mode}_success"] = counted_success_rate(played)
+                metrics[f"validation/{mode}_length"] = episode_metrics(played, ())["episode_length"]
+        score, episodes = self.stability.score(counted_success_rate(trajectories), episodes=len(trajectories),
+                                               length=episode_metrics(trajectories, ())["episode_length"])
         judged = None if self.checkpoints.has("latest") else self.state_dict()  # latest holds this policy
         decision = self.stability.validate(score, episodes, judged, step=iteration)
         return metrics | {"validation/success_rate": score, "validation/episodes": float(episodes),

@@ -63,6 +63,13 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     return out
 
 
+def counted_success_rate(trajectories: Sequence[Trajectory]) -> float:
+    """The share of ``trajectories`` that the learner counts as wins: verified success that
+    no guard vetoed (:attr:`~gyre_ma.rollout.Trajectory.counted_success`). Validation, and
+    so ``best.pt`` and the rollbacks, judge a policy by it."""
+    return sum(t.counted_success for t in trajectories) / max(len(trajectories), 1)
+
+
 def out_of_order(trajectories: Sequence[Trajectory], graph: Any) -> tuple[float, str | None]:
     """The share of ``trajectories`` that verified a milestone before the task graph's
     prerequisites of it (by the same step), and the first such case in words (None where

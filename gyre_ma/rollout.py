@@ -113,7 +113,8 @@ class Trajectory:
     llm_fallbacks: int = 0
     """Steps whose LLM-backed sub-policy ran out of retries and took its fallback action."""
     vetoed: bool = False
-    """A guard rule vetoed the episode (set when its rewards are arbitrated)."""
+    """A guard rule vetoed the episode (set where the rule engine ends the episode, and
+    again when its rewards are arbitrated)."""
 
     @property
     def counted_success(self) -> bool:

@@ -253,6 +253,7 @@ class RolloutKit:
                                        episode_timeout_s=self.episode_timeout_s)
         if self.rules is not None:
             traj.rule_results = self.rules.end_episode(traj, env)
+            traj.vetoed = traj.rule_results.vetoed  # known here, so a validation episode carries it too
         return traj
 
     def tag(self, traj: Trajectory, task: RolloutTask, *, worker: int, seconds: float) -> RoleTrajectory:

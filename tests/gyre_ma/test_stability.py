@@ -402,3 +402,22 @@ def test_a_kill_between_a_new_best_and_the_latest_slot_resumes_to_the_same_decis
         return [{k: repr(v) for k, v in row.items() if not k.endswith("seconds")} for row in rows]
 
     assert timeless(again) == timeless(history[kill_at:])
+
+
+def test_validation_and_best_judge_by_successes_no_guard_vetoed(tmp_path):
+    """Session 53 made a vetoed success a failure to the learner, but validation (and so
+    ``best.pt`` and the rollbacks) still counted it: a run whose policy learned a shortcut
+    the guards catch would have kept that policy as its best. A guard here vetoes every
+    episode that reaches the goal, so every success is vetoed."""
+    guard = {"name": "never_the_goal", "kind": "guard", "given": {"reached_goal": True},
+             "require": {"has_key": False}}
+    cfg = load_config(DOORKEY, {"rewards.rules": [guard], "train.iterations": 2})
+    gyre = Gyre(cfg, tmp_path / "run")
+    metrics, trajectories = gyre.iteration(0, return_trajectories=True)
+    assert metrics["success_rate"] > 0.5 and all(t.vetoed for t in trajectories if t.success)
+    assert metrics["reward/vetoed_successes"] == metrics["success_rate"]
+    assert metrics["validation/sampled_success"] == metrics["validation/greedy_success"] == 0.0
+    assert metrics["validation/success_rate"] < 0.2  # its score: no win counted, shrunk toward the prior
+
+    unguarded = Gyre(load_config(DOORKEY, {"train.iterations": 2}), tmp_path / "plain").iteration(0)
+    assert unguarded["validation/sampled_success"] > 0.5  # the same policy, judged without the guard

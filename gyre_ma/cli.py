@@ -218,8 +218,13 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     fixed = config.manager.kind in ("oracle", "scripted")
     manager = ((lambda probe, _seed: make_oracle(config.env.id, probe, library, config.manager.policy))
                if fixed else None)
+    engine, found = None, []
+    if config.rewards.rules or config.rewards.rules_file:  # evaluated on the episodes, as a worker does
+        from gyre_ma.rewards.scorer import RewardScorer
+
+        engine = RewardScorer(config.rewards, library.graph, option_names=library.names).engine
     report = check_setup(factory, library, manager=manager, seeds=tuple(range(episodes)), n_steps=int(cap),
-                         pettingzoo_tests=False)
+                         pettingzoo_tests=False, rules=engine, rule_results=found)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]
     by = (f"by the config's {config.manager.kind} manager"
@@ -233,6 +238,26 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     if report.unverifiable:
         console.print(f"taken on trust (no verifier or detector to re-check them): {list(report.unverifiable)}",
                       markup=False, soft_wrap=True)
+    if engine is not None:
+        console.print(f"rules on those episodes: {_rule_summary(engine.rules, found)}", markup=False, soft_wrap=True)
+
+
+def _rule_summary(rules: Sequence[Any], results: Sequence[Any]) -> str:
+    """Each rule's verdicts over the episodes ``results`` come from, in a phrase: how many a
+    guard vetoed, in how many a process rule paid, and its passes of its evaluations."""
+    n = len(results)
+    parts = []
+    for rule in rules:
+        evaluated = sum(r.evaluated.get(rule.name, 0) for r in results)
+        passed = sum(r.passed.get(rule.name, 0) for r in results)
+        checks = f"passed {passed} of {evaluated} checks" if evaluated else "never checked"
+        if rule.kind == "guard":
+            vetoed = sum(rule.name in r.violations for r in results)
+            parts.append(f"guard {rule.name!r} vetoed {vetoed} of {n} episodes ({checks})")
+        else:
+            paid = sum(any(rule.name in p for p in r.paid) for r in results)
+            parts.append(f"process rule {rule.name!r} paid in {paid} of {n} episodes ({checks})")
+    return "; ".join(parts)
 
 
 def _is_experiment_file(source: str) -> bool:

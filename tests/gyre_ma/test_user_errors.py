@@ -7,6 +7,7 @@ every TypeError, gyre-ma's own bugs included, exited 2 without a traceback.
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import textwrap
@@ -14,6 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.cli import main
@@ -562,3 +564,31 @@ def test_a_library_graph_reference_that_gives_no_task_graph_lists_what_graph_may
                                          r"expected a TaskGraph; graph is a TaskGraph spec written inline \(goals, "
                                          r"milestones\), or a 'module:callable' returning a TaskGraph"):
         OptionLibrary.from_spec(spec)
+
+
+def test_check_evaluates_a_configs_rules_on_the_episodes_it_plays(tmp_path, capsys):
+    """``check`` played episodes without the config's rules, so a rule that could not read
+    the env's state passed it and stopped ``train`` at its first episode; and a user could
+    not see before training what their guards would veto."""
+    rules = [
+        {"name": "report_complete_when_written", "kind": "process", "when": "option_end",
+         "milestone": "report_written", "require": {"report_submitted": False}, "weight": 0.5},
+        {"name": "compliance_before_submit", "kind": "guard", "given": {"submitted": True},
+         "require": {"compliance_passed": True}},
+    ]
+    config = tmp_path / "rules.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "rules", "env": {"id": "workflow_v0"}, "manager": {"kind": "oracle"},
+        "rewards": {"rules": rules, "snapshot": "gyre_ma.envs.workflow.workflow:WorkflowEnv.surface_flags"}}))
+    assert main(["check", str(config), "--play", "3"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("rules on those episodes: process rule 'report_complete_when_written' paid in 3 of 3 episodes (passed 9 "
+            "of 9 checks); guard 'compliance_before_submit' vetoed 0 of 3 episodes (passed 3 of 3 checks)") in out, out
+    assert main(["check", str(config), "--play", "6", "--set", "manager.kind=random"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"guard 'compliance_before_submit' vetoed [1-6] of 6 episodes", out), out  # random submits early
+
+    ghost = {"name": "needs_ghost_key", "kind": "process", "when": "episode_end", "require": {"ghost": True}}
+    assert main(["check", str(config), "--play", "1", "--set", f"rewards.rules={json.dumps(rules + [ghost])}"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert re.search(r"rule 'needs_ghost_key' \(episode_end\) .*unknown state key 'ghost'", err), err

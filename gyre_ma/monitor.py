@@ -143,7 +143,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise ValueError(f"{csv_path}: no iterations logged yet")
     x = columns["env_steps"]
     milestones = [c for c in columns if c.startswith("milestone/")]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plt.subplots(2, 2, figsize=(12 + 2 * _legend_columns(len(milestones)), 8))
     for ax, key, label in ((axes[0, 0], "success_rate", "verified success rate"),
                            (axes[0, 1], "episode_length", "episode length (primitive steps)"),
                            (axes[1, 0], "episode_reward", "episode reward")):
@@ -161,12 +161,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if held_out:
         axes[0, 0].legend(fontsize=7)
         axes[0, 1].legend(fontsize=7)
-    for m in milestones:
-        axes[1, 1].plot(x, columns[m], label=m.split("/", 1)[1])
-    axes[1, 1].set_title("milestone rates")
-    axes[1, 1].set_xlabel("env steps")
-    if milestones:
-        axes[1, 1].legend(fontsize=7, ncol=2)
+    _milestone_rates(axes[1, 1], x, {m.split("/", 1)[1]: columns[m] for m in milestones})
     if "curriculum_phase" in columns:
         changed = np.nan_to_num(np.diff(columns["curriculum_phase"])) != 0
         for ax in axes.flat:
@@ -178,6 +173,34 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+MILESTONES_INSIDE = 8
+"""Most milestones whose legend sits inside the milestone panel; more go beside it."""
+
+
+def _legend_columns(n: int) -> int:
+    """Columns of the milestone legend beside its panel: none where it fits inside."""
+    return 0 if n <= MILESTONES_INSIDE else -(-n // 16)
+
+
+def _milestone_rates(ax: Any, x: np.ndarray, rates: dict[str, np.ndarray]) -> Any:
+    """Each milestone's rate against env steps, one colour each (the default cycle repeats
+    after ten), and their legend: inside the panel for a few, beside it for more, where it
+    covers no curve. Returns the legend (None without milestones)."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab20" if len(rates) <= 20 else "turbo"]
+    for k, (name, rate) in enumerate(rates.items()):
+        ax.plot(x, rate, label=name, color=palette(k if len(rates) <= 20 else k / max(len(rates) - 1, 1)))
+    ax.set_title("milestone rates")
+    ax.set_xlabel("env steps")
+    if not rates:
+        return None
+    columns = _legend_columns(len(rates))
+    if not columns:
+        return ax.legend(fontsize=7, ncol=2)
+    return ax.legend(fontsize=6, ncol=columns, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:

@@ -4,6 +4,8 @@ import csv
 import math
 import sys
 
+import numpy as np
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gyre_ma.monitor import Monitor, plot_run, read_metrics
@@ -188,3 +190,29 @@ def test_plot_draws_the_held_out_validation_beside_the_training_episodes(tmp_pat
     assert labels["held-out validation, sampled"] in ([0.25, 0.75], [39.0, 37.0])  # validated iterations only
     assert {"training episodes", "held-out validation, sampled", "held-out validation, greedy"} <= set(labels)
     assert sum(label == "held-out validation, greedy" for label, _ in drawn) == 2  # success and length
+
+
+@pytest.mark.parametrize("n", [3, 24])
+def test_milestone_rates_each_have_a_colour_and_their_legend_covers_no_curve(tmp_path, n):
+    """A session-53 user's 24 milestones were unreadable: the colour cycle repeated every ten,
+    and the legend covered the panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gyre_ma.monitor import _legend_columns, _milestone_rates
+
+    fig, ax = plt.subplots(figsize=(6 + 2 * _legend_columns(n), 4))
+    x = np.arange(10.0)
+    legend = _milestone_rates(ax, x, {f"m{k}": np.linspace(0, 1, 10) ** (k + 1) for k in range(n)})
+    colours = {line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color())
+               for line in ax.get_lines()}
+    assert len(ax.get_lines()) == n and len(colours) == n
+    assert [t.get_text() for t in legend.get_texts()] == [f"m{k}" for k in range(n)]
+    fig.tight_layout()
+    fig.canvas.draw()
+    if n > 8:  # beside the panel, not over its curves
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
+        assert fig.get_window_extent().x1 >= legend.get_window_extent().x1  # and inside the figure
+    plt.close(fig)

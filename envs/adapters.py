@@ -54,6 +54,11 @@ class GyreAdapter(ParallelEnv):
     first verified, it credits the milestone to that agent's option call only (as a built-in
     env's own ``milestone_agent`` does); None, or no such callable, credits every agent's
     call running then (the team convention).
+
+    ``episode_goals``, where each episode has its own goals (the dish a seed orders), is
+    ``(unwrapped) -> goals``, asked after each reset: some of the graph's goals, or None for
+    all of them. Without it, the unwrapped env's own ``episode_goals()`` method is asked,
+    where it has one.
     """
 
     def __init__(
@@ -65,13 +70,19 @@ class GyreAdapter(ParallelEnv):
         max_cycles: int | None = None,
         check_observations: bool = True,
         milestone_agent: Callable[[Any, str], str | None] | None = None,
+        episode_goals: Callable[[Any], Any] | None = None,
     ) -> None:
         if not isinstance(env, ParallelEnv):
             raise TypeError(f"GyreAdapter: expected a pettingzoo ParallelEnv, got {type(env).__name__}")
-        if milestone_agent is not None and not callable(milestone_agent):
-            raise TypeError(f"GyreAdapter: milestone_agent must be a callable (unwrapped env, milestone) -> agent "
-                            f"or None, got {milestone_agent!r}")
+        for name, given, takes in (("milestone_agent", milestone_agent, "(unwrapped env, milestone) -> agent or None"),
+                                   ("episode_goals", episode_goals, "(unwrapped env) -> goals or None")):
+            if given is not None and not callable(given):
+                raise TypeError(f"GyreAdapter: {name} must be a callable {takes}, got {given!r}")
         self._attribute = milestone_agent
+        self._goals_of = episode_goals
+        own = getattr(env.unwrapped, "episode_goals", None)
+        self._own_goals = own if episode_goals is None and callable(own) else None
+        """The env's own ``episode_goals`` method, asked where the user gave no callable."""
         self._env = env
         raw = env.unwrapped
         self.metadata = dict(getattr(env, "metadata", None) or {})
@@ -122,6 +133,18 @@ class GyreAdapter(ParallelEnv):
             raise UserCodeError(what, ValueError(f"returned {agent!r}; expected one of the env's agents "
                                                  f"{self.possible_agents} or None"))
         return agent
+
+    def episode_goals(self) -> Any:
+        """The goals of the episode just reset (checked by the rollout against the graph's):
+        what the user's ``episode_goals`` says, else the env's own; None: the graph's."""
+        if self._goals_of is not None:
+            return self._goals_of(self._env.unwrapped)
+        return None if self._own_goals is None else self._own_goals()
+
+    @property
+    def goals_source(self) -> Any:
+        """The user's code that says an episode's goals (errors name where it is defined)."""
+        return self._goals_of or self._own_goals
 
     def holds(self, milestone: str) -> bool:
         """Whether ``milestone``'s detector holds on the current state (not latched: a
@@ -327,10 +350,12 @@ def from_gymnasium(
     max_cycles: int | None = None,
     agent: str = "agent_0",
     check_observations: bool = True,
+    episode_goals: Callable[[Any], Any] | None = None,
     **make_kwargs: Any,
 ) -> GyreAdapter:
     """A Gymnasium env (or registered id, built with ``gymnasium.make(id, **make_kwargs)``)
-    as a one-agent gyre environment whose agent is named ``agent``."""
+    as a one-agent gyre environment whose agent is named ``agent``; ``episode_goals``: each
+    episode's goals, where they change (:class:`GyreAdapter`)."""
     if isinstance(env_or_id, str):
         env = gymnasium.make(env_or_id, **make_kwargs)
     elif make_kwargs:
@@ -346,7 +371,7 @@ def from_gymnasium(
         )
     return GyreAdapter(
         _SingleAgentParallel(env, agent), milestones=milestones, graph=graph,
-        max_cycles=max_cycles, check_observations=check_observations,
+        max_cycles=max_cycles, check_observations=check_observations, episode_goals=episode_goals,
     )
 
 
@@ -359,11 +384,13 @@ def from_pettingzoo(
     turn_based: bool = False,
     check_observations: bool = True,
     milestone_agent: Callable[[Any, str], str | None] | None = None,
+    episode_goals: Callable[[Any], Any] | None = None,
 ) -> GyreAdapter:
     """A PettingZoo env as a gyre environment. An AEC env is converted with
     ``aec_to_parallel`` (it must declare ``is_parallelizable``), or with
     ``turn_based_aec_to_parallel`` when ``turn_based`` (one agent moves per step).
-    ``milestone_agent``: who achieved a milestone, where the env can tell (:class:`GyreAdapter`)."""
+    ``milestone_agent``: who achieved a milestone, where the env can tell; ``episode_goals``:
+    each episode's goals, where they change (:class:`GyreAdapter`)."""
     if isinstance(env, AECEnv):
         if turn_based:
             env = turn_based_aec_to_parallel(env)
@@ -381,7 +408,7 @@ def from_pettingzoo(
         )
     return GyreAdapter(
         env, milestones=milestones, graph=graph, max_cycles=max_cycles,
-        check_observations=check_observations, milestone_agent=milestone_agent,
+        check_observations=check_observations, milestone_agent=milestone_agent, episode_goals=episode_goals,
     )
 
 
@@ -529,6 +556,10 @@ class SingleAgentView(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         obs, _ = self.env.reset(seed=seed, options=options)
+        from gyre_ma.rollout import episode_goals  # the rollout's check of them; it imports the envs
+
+        own = episode_goals(self.env, self.env.task_graph(), seed if seed is not None else -1)
+        self._goals = frozenset(own or self.env.task_graph().goals)  # this episode's, where they change
         return self._view(obs[self.agent]), self._info()
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:

@@ -220,6 +220,8 @@ class _Trace:
     verified: list[frozenset[str]] = field(default_factory=list)
     observations: list[dict] = field(default_factory=list)
     agents: list[tuple[str, ...]] = field(default_factory=list)
+    goals: Any = None
+    """What ``episode_goals()`` said after the reset, where the env has it."""
 
 
 class _Probe:
@@ -259,7 +261,28 @@ class _Probe:
         self._step = 0
         self._prev = frozenset()
         self._after(out[0], None)
+        self._check_goals()
         return out
+
+    def _check_goals(self) -> None:
+        """The episode's own goals, where the env says them: the graph's goals, and the same
+        for the same seed."""
+        ask = getattr(self._env, "episode_goals", None)
+        if not callable(ask):
+            return
+        goals = ask()
+        names = [goals] if isinstance(goals, str) else goals
+        if goals is not None and (not isinstance(names, (list, tuple, set, frozenset)) or not names
+                                  or any(n not in self._graph.goals for n in names)):
+            raise self._fail("episode_goals", f"episode_goals() after reset returned {goals!r}; expected a non-empty "
+                             f"list of the task graph's goals {list(self._graph.goals)}, or None for all of them",
+                             "name only goals the graph declares: its goals are every goal an episode may have")
+        goals = None if goals is None else frozenset(names)
+        if self._expected is not None and goals != self._expected.goals:
+            raise self._fail("determinism", f"with the same seed, episode_goals() after reset was "
+                             f"{sorted(self._expected.goals or ())} then {sorted(goals or ())}",
+                             "draw the episode's goals from reset(seed=...)'s random state")
+        self.trace.goals = goals
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         self.trace.actions.append(dict(actions))

@@ -562,7 +562,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import code_references, parse_config
     from gyre_ma.files import write_json
-    from gyre_ma.metrics import episode_metrics, out_of_order, wilson_interval
+    from gyre_ma.metrics import episode_metrics, goal_metrics, out_of_order, wilson_interval
     from gyre_ma.player import Player
     from gyre_ma.roles import check_held_out_seeds, evaluation_tasks
 
@@ -641,6 +641,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       f"{metrics['llm/invalid_share']:.1%} / {metrics['llm/fallback_share']:.1%}")
     for m in names:
         table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
+    goals = goal_metrics(trajectories, player.library.graph.goals)  # where each episode has its own goals
+    metrics |= goals
+    for g in player.library.graph.goals if goals else ():
+        had = round(goals[f"goal/{g}/episodes"] * len(trajectories))
+        table.add_row(f"goal {g}: verified completion (episodes) / length",
+                      f"{goals[f'goal/{g}/success_rate']:.1%} ({had}) / {goals[f'goal/{g}/episode_length']:.1f}"
+                      if had else "no episode had it")
     for key in sorted(k for k in metrics if k.startswith("reward/")):
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
@@ -664,7 +671,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       markup=False, soft_wrap=True)
     if args.json:  # the figures, and each episode's own (for intervals of your choosing, or pairing with another run)
         episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
-                     "option_calls": len(t.calls)} for t in trajectories]
+                     "option_calls": len(t.calls)} | ({"goals": list(t.goals)} if goals else {})
+                    for t in trajectories]
         write_json(Path(args.json), metrics | {"episodes": episodes, "options": options})
     return 0
 

@@ -23,7 +23,7 @@ from gyre_ma.buffer import TrajectoryBuffer
 from gyre_ma.checkpoints import ValidationDecision, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
-from gyre_ma.metrics import anchor_metrics, counted_success_rate, episode_metrics, out_of_order
+from gyre_ma.metrics import anchor_metrics, counted_success_rate, episode_metrics, goal_metrics, out_of_order
 from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
@@ -197,6 +197,7 @@ class Gyre:
         trajectories, rollout_metrics = self.rollout(i)                    # A
         rollout_s = time.perf_counter() - start
         metrics |= rollout_metrics | episode_metrics(trajectories, self.library.graph.names)
+        metrics |= goal_metrics(trajectories, self.library.graph.goals)
         share, self.out_of_order = out_of_order(trajectories, self.library.graph)
         metrics["milestones/out_of_order_episodes"] = share
         metrics |= self.arbitrate(trajectories)                            # C: verified rewards

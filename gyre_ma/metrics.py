@@ -63,6 +63,22 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     return out
 
 
+def goal_metrics(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> dict[str, float]:
+    """Where episodes have their own goals (``Trajectory.goals``), per graph goal ``g``:
+    ``goal/<g>/episodes``, the share of episodes that had it, and ``goal/<g>/success_rate``
+    and ``goal/<g>/episode_length`` over those (NaN where none had it). Empty where every
+    episode has the graph's goals."""
+    if not any(t.goals for t in trajectories):
+        return {}
+    out: dict[str, float] = {}
+    for g in goals:
+        had = [t for t in trajectories if g in (t.goals or goals)]
+        out[f"goal/{g}/episodes"] = len(had) / max(len(trajectories), 1)
+        out[f"goal/{g}/success_rate"] = float(np.mean([t.success for t in had])) if had else math.nan
+        out[f"goal/{g}/episode_length"] = float(np.mean([t.length for t in had])) if had else math.nan
+    return out
+
+
 def counted_success_rate(trajectories: Sequence[Trajectory]) -> float:
     """The share of ``trajectories`` that the learner counts as wins: verified success that
     no guard vetoed (:attr:`~gyre_ma.rollout.Trajectory.counted_success`). Validation, and

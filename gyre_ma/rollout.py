@@ -13,7 +13,7 @@ import math
 import time
 import types
 import warnings
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from gymnasium import spaces
 from gyre_ma.envs.base import GyreEnv
 from gyre_ma.options.decision import Choice, Decision, Manager
 from gyre_ma.options.errors import UserAnswerError, UserCodeError, callable_name
+from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, Termination, is_behaviour
 from gyre_ma.watchdog import EpisodeTimeout, OptionTimeout, watchdog
@@ -112,6 +113,9 @@ class Trajectory:
     """Model outputs an LLM-backed sub-policy could not use (each one retried or replaced)."""
     llm_fallbacks: int = 0
     """Steps whose LLM-backed sub-policy ran out of retries and took its fallback action."""
+    goals: tuple[str, ...] = ()
+    """This episode's goals, where the env sets them per episode (``env.episode_goals()``);
+    () means the task graph's. Success is every one of them verified."""
     vetoed: bool = False
     """A guard rule vetoed the episode (set where the rule engine ends the episode, and
     again when its rewards are arbitrated)."""
@@ -328,11 +332,12 @@ def play_episode(
     checks = {a: action_check(env.action_space(a), a) for a in env.possible_agents}
     env_cap = getattr(env, "max_cycles", None)  # the env's own step limit, where it has one
     cap = max_steps if max_steps is not None else int(env_cap if env_cap is not None else 10_000)
-    goals = frozenset(library.graph.goals)
+    traj_goals = episode_goals(env, library.graph, seed)
+    goals = frozenset(traj_goals or library.graph.goals)
     agent_index = {a: i for i, a in enumerate(env.possible_agents)}
     rng = np.random.default_rng(seed)
     traj = Trajectory(task_seed=seed, policy_version=policy_version,
-                      horizon=min(cap, int(env_cap)) if env_cap is not None else cap)
+                      horizon=min(cap, int(env_cap)) if env_cap is not None else cap, goals=traj_goals)
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
     last_end: dict[str, Termination | None] = {a: None for a in env.possible_agents}
@@ -601,6 +606,28 @@ def _unknown_agent(env: Any, agent: str, step: int) -> str:
             "(an agent that is done leaves env.agents)")
 
 
+def episode_goals(env: Any, graph: TaskGraph, seed: int) -> tuple[str, ...]:
+    """The goals of the episode ``env`` was just reset to, where they change per episode:
+    what ``env.episode_goals()`` returns (some of ``graph``'s goals, in the graph's order),
+    checked; () where the env has no such method or it returns None (the graph's goals)."""
+    ask = getattr(env, "episode_goals", None)
+    if not callable(ask):
+        return ()
+    where = f"environment {_env_name(env)}.episode_goals (task seed {seed})"
+    try:
+        got = ask()
+    except Exception as exc:
+        raise UserCodeError(where, exc) from exc
+    if got is None:
+        return ()
+    names = [got] if isinstance(got, str) else list(got) if isinstance(got, Iterable) else None
+    if not names or any(not isinstance(n, str) or n not in graph.goals for n in names):
+        raise UserAnswerError(where, f"returned {got!r}; expected a non-empty list of the task graph's goals "
+                              f"{list(graph.goals)} (the graph's goals are every goal an episode may have), or None "
+                              "for all of them", getattr(env, "goals_source", None) or ask)
+    return tuple(g for g in graph.goals if g in names)
+
+
 def _env_name(env: Any) -> str:
     return type(getattr(env, "unwrapped", env)).__name__
 
@@ -716,6 +743,7 @@ def trajectory_from_state(state: dict[str, Any]) -> Trajectory:
     for dropped in ("final", "final_state"):  # written before session 10; nothing reads them
         state.pop(dropped, None)
     state = {k: _revive(v) for k, v in state.items()}
+    state["goals"] = tuple(state.get("goals", ()))
     return cls(calls=calls, **state)
 
 

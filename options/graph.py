@@ -226,15 +226,16 @@ class TaskGraph:
             any(dep in done for dep in group) for group in m.any_of
         )
 
-    def still_needed(self, verified: Iterable[str]) -> frozenset[str]:
-        """The milestones not in ``verified`` that the goals still need: the unverified goals,
+    def still_needed(self, verified: Iterable[str], goals: Iterable[str] | None = None) -> frozenset[str]:
+        """The milestones not in ``verified`` that the goals (``goals``, an episode's; by
+        default the graph's) still need: the unverified goals,
         then, from each milestone needed, its unverified ``requires`` and every unverified
         alternative of each ``any_of`` group that no verified milestone satisfies yet. A
         milestone whose dependants are verified, or the other alternative of a satisfied
         group (and what only its route needed), is no longer needed."""
         done = set(verified)
         needed: set[str] = set()
-        stack = [g for g in self.goals if g not in done]
+        stack = [g for g in (self.goals if goals is None else goals) if g not in done]
         while stack:
             name = stack.pop()
             if name in needed:

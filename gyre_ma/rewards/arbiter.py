@@ -127,9 +127,10 @@ _SHAPING = ("milestone", "rules", "env", "prm")
 """The positive parts a failed episode's cap scales."""
 
 
-def outcome_reward(graph: TaskGraph, config: RewardConfig) -> float:
-    """What a verified success pays each call running when the episode ended."""
-    return config.outcome_scale * sum(graph.milestone(g).reward for g in graph.goals)
+def outcome_reward(graph: TaskGraph, config: RewardConfig, goals: Sequence[str] = ()) -> float:
+    """What a verified success pays each call running when the episode ended: its goals'
+    rewards (``goals``, an episode's; by default the graph's)."""
+    return config.outcome_scale * sum(graph.milestone(g).reward for g in goals or graph.goals)
 
 
 def check_prm_cap(graph: TaskGraph, config: RewardConfig) -> None:
@@ -159,7 +160,7 @@ def score_trajectory(trajectory: Trajectory, graph: TaskGraph, config: RewardCon
     for name, got in (("rules.process", len(rules.process)), ("prm", len(prm))):
         if got != n:
             raise ValueError(f"score_trajectory: {name} has {got} entries; expected {n}, one per call")
-    goal = outcome_reward(graph, config)
+    goal = outcome_reward(graph, config, trajectory.goals)
     at_end = set(calls_at_end(trajectory))
     milestones = milestone_rewards(trajectory, graph, scale=config.milestone_scale,
                                    include_goals=config.partial_goals and not trajectory.success)

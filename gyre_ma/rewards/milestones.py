@@ -44,7 +44,7 @@ def declined(trajectory: Trajectory, graph: TaskGraph) -> frozenset[str]:
     needed, last = frozenset(), None
     for name, step in sorted(trajectory.milestone_steps.items(), key=lambda kv: (kv[1], kv[0])):
         if step != last:  # milestones of one step are judged on what earlier steps verified
-            needed, last = graph.still_needed(before), step
+            needed, last = graph.still_needed(before, trajectory.goals or None), step
         if name in implicit and name in graph and name not in needed:
             out.add(name)
         before.add(name)
@@ -56,13 +56,15 @@ def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float 
     """Per call, the milestone reward and the milestones that paid it.
 
     Weights are the graph nodes' ``reward`` times ``scale``. Goals are left out unless
-    ``include_goals``: the verified outcome pays for them (see :mod:`.arbiter`), and a
-    part of the breakdown should have one source.
+    ``include_goals`` (then the episode's own goals pay): the verified outcome pays for them
+    (see :mod:`.arbiter`), and a part of the breakdown should have one source. A goal of
+    the graph that is not the episode's (``trajectory.goals``) never pays.
     """
     out = []
     unpaid = declined(trajectory, graph)
+    own = frozenset(trajectory.goals or graph.goals) if include_goals else frozenset()
     for names in first_verified(trajectory):
-        paid = tuple(m for m in names if m in graph and (include_goals or m not in graph.goals) and m not in unpaid)
+        paid = tuple(m for m in names if m in graph and (m in own or m not in graph.goals) and m not in unpaid)
         out.append((scale * sum(graph.milestone(m).reward for m in paid), paid))
     return out
 

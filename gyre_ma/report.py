@@ -284,6 +284,10 @@ def _budget(spec: ExperimentSpec) -> str:
     return f"{spec.budget.iterations} iterations each" + (f" ({'; '.join(own)})" if own else "")
 
 
+FEW_RUNS = 5
+"""Fewest runs per variant whose intervals the report presents without a warning."""
+
+
 def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> str:
     e = spec.evaluation
     lines = [f"# Experiment `{spec.name}`", "",
@@ -292,6 +296,13 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
              "Every interval is a 95 % stratified-bootstrap interval over runs "
              f"({s['reps']} resamples; Agarwal et al. 2021). IQM: interquartile mean over runs"
              + (" (with fewer than 4 runs a variant's IQM is its mean)." if len(spec.seed_list) < 4 else "."), ""]
+    fewest = min((d["runs"] for d in s["variants"].values() if d["runs"]), default=0)
+    if 0 < fewest < FEW_RUNS:
+        lines += [f"**Few runs: {fewest} in the smallest variant.** A bootstrap interval over so few runs is no wider "
+                  "than their own scatter, so it looks precise without being so (with 2 runs a side, a probability "
+                  "of improvement of 1.00 [1.00, 1.00] says only that both runs of one variant beat both of the "
+                  f"other's). Read these figures as anecdotes; for intervals, run {FEW_RUNS} or more seeds a variant "
+                  "(Agarwal et al. use 10 or more).", ""]
     if s.get("foreign"):
         lines += [f"**Runs in this folder that `experiment.yaml` does not name (left out; another experiment file of "
                   f"the same name wrote them):** {', '.join(s['foreign'])}", ""]

@@ -10,6 +10,7 @@ import csv
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -490,6 +491,7 @@ def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_an
     assert "| short > long | 0.50 [0.50, 0.50] | 1.00 [1.00, 1.00] |" in report  # success ties; paths decide
     assert "| `validation/sampled_success>=1` | short | 2/2 | 2 |" in report and "before learning could show" in report
     assert "does not name (left out; another experiment file of the same name wrote them):** other-s0" in report
+    assert "**Few runs: 2 in the smallest variant.**" in report  # a session-54 user read 1.00 [1.00, 1.00] as sure
     # a length is reached by falling to it: short at 200 steps (120 <= 120), long never (130 > 120)
     assert "| `validation/sampled_length<=120` | short | 2/2 | 0 | 200 [200, 200] |" in report, report
     assert "| `validation/sampled_length<=120` | long | 0/2 | 0 | ∞ [∞, ∞] |" in report
@@ -503,6 +505,13 @@ def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_an
                                          r"any run; the runs log \['env_steps', 'iteration', "
                                          r"'validation/sampled_length', 'validation/sampled_success'\]"):
         write_report(folder)
+    spec["report"]["thresholds"] = {"validation/sampled_success": 1.0}
+    for variant in ("short", "long"):  # five runs a variant: no warning
+        for seed in (2, 3, 4):
+            shutil.copytree(folder / "runs" / f"{variant}-s{seed % 2}", folder / "runs" / f"{variant}-s{seed}")
+    (folder / "experiment.yaml").write_text(yaml.safe_dump(ExperimentSpec.model_validate(spec | {"seeds": 5})
+                                                           .model_dump()))
+    assert "Few runs" not in write_report(folder).read_text()
 
 
 def test_check_of_an_experiment_plays_each_variant_that_plays_otherwise(tmp_path, capsys):

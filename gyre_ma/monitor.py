@@ -99,7 +99,12 @@ class Monitor:
         folder = self.run_dir / "spot_checks"
         folder.mkdir(exist_ok=True)
         picks = rng.choice(len(trajectories), size=min(n, len(trajectories)), replace=False)
-        lines = [f"# Iteration {iteration}: {len(picks)} of {len(trajectories)} trajectories", ""]
+        lines = [f"# Iteration {iteration}: {len(picks)} of {len(trajectories)} trajectories", "",
+                 "*paid*: the arbitrated reward the call backs up (milestones, rules, outcome; the env's own only as "
+                 "`rewards.env_reward` weighs it), discounted inside the call by `credit.gamma` a step: a milestone's "
+                 "part to the step it was verified at, the rest to the call's last step (a milestone worth 1 verified "
+                 f"at the call's 21st step pays {0.995 ** 20:.3f} with gamma 0.995); *env reward*: the env's own, "
+                 "summed over the call.", ""]
         for k in sorted(int(p) for p in picks):
             t = trajectories[k]
             verdict = ("**verified success, vetoed by a guard rule** (the learner counts it a failure)"

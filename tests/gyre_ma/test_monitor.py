@@ -161,6 +161,7 @@ def test_spot_checks_show_the_envs_reward_and_what_the_learner_was_paid_apart(tm
     path = Monitor(tmp_path).spot_check(0, [traj], library, 1, np.random.default_rng(0))
     text = path.read_text()
     assert "env reward 2; paid to the learner 0.25;" in text
+    assert "at the call's 21st step pays 0.905 with gamma 0.995" in text  # what *paid* is (a user asked why 0.904)
     assert "| agent | step | option | steps | env reward | paid | milestones | ended by |" in text
     assert f"| a | 0 | {library[0].name} | 10 | 1 | 0.25 |  | done |" in text
     assert f"| a | 10 | {library[1].name} | 10 | 1 | 0 |  | done |" in text

@@ -110,7 +110,8 @@ class Monitor:
             verdict = ("**verified success, vetoed by a guard rule** (the learner counts it a failure)"
                        if t.success and t.vetoed else "**verified success**" if t.success else "not completed")
             paid = sum(c.reward for c in t.calls)
-            lines += [f"## Trajectory {k} — task seed {t.task_seed}, policy v{t.policy_version}",
+            goals = f", goals {', '.join(t.goals)}" if t.goals else ""  # where each episode has its own
+            lines += [f"## Trajectory {k} — task seed {t.task_seed}{goals}, policy v{t.policy_version}",
                       f"{verdict}; {t.length} steps; env reward {t.total_reward:.3g}; paid to the learner "
                       f"{paid:.3g}; milestones: "
                       f"{', '.join(f'{m}@{s}' for m, s in t.milestone_steps.items()) or 'none'}",

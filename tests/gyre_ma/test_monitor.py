@@ -165,6 +165,10 @@ def test_spot_checks_show_the_envs_reward_and_what_the_learner_was_paid_apart(tm
     assert "| agent | step | option | steps | env reward | paid | milestones | ended by |" in text
     assert f"| a | 0 | {library[0].name} | 10 | 1 | 0.25 |  | done |" in text
     assert f"| a | 10 | {library[1].name} | 10 | 1 | 0 |  | done |" in text
+    assert "## Trajectory 0 — task seed 7, policy v3" in text
+    traj.goals = (library.graph.goals[0],)  # an episode with its own goals says them
+    text = Monitor(tmp_path).spot_check(1, [traj], library, 1, np.random.default_rng(0)).read_text()
+    assert f"## Trajectory 0 — task seed 7, goals {library.graph.goals[0]}, policy v3" in text
 
 
 def test_plot_draws_the_held_out_validation_beside_the_training_episodes(tmp_path, monkeypatch):

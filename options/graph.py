@@ -228,24 +228,35 @@ class TaskGraph:
 
     def still_needed(self, verified: Iterable[str], goals: Iterable[str] | None = None) -> frozenset[str]:
         """The milestones not in ``verified`` that the goals (``goals``, an episode's; by
-        default the graph's) still need: the unverified goals,
-        then, from each milestone needed, its unverified ``requires`` and every unverified
-        alternative of each ``any_of`` group that no verified milestone satisfies yet. A
-        milestone whose dependants are verified, or the other alternative of a satisfied
-        group (and what only its route needed), is no longer needed."""
+        default the graph's) still need. Certain: the unverified goals and, transitively,
+        their unverified ``requires``. Then, from each milestone needed, every unverified
+        alternative of each ``any_of`` group (with what it requires) that neither a verified
+        milestone nor a certain one satisfies: a group that a milestone the goals need anyway
+        will satisfy leaves its other alternatives unneeded (a cake's ``bake`` satisfies the
+        group a shared ``plate`` asks of chop, cook_pasta or bake). A milestone whose
+        dependants are verified, or the other alternative of a satisfied group (and what only
+        its route needed), is no longer needed."""
         done = set(verified)
-        needed: set[str] = set()
-        stack = [g for g in (self.goals if goals is None else goals) if g not in done]
+
+        def required(names: Iterable[str]) -> set[str]:  # ``names`` and their requires, unverified
+            out: set[str] = set()
+            stack = [n for n in names if n not in done]
+            while stack:
+                name = stack.pop()
+                if name not in out:
+                    out.add(name)
+                    stack.extend(r for r in self.milestone(name).requires if r not in done)
+            return out
+
+        certain = required(self.goals if goals is None else goals)
+        needed, stack = set(certain), list(certain)
         while stack:
-            name = stack.pop()
-            if name in needed:
-                continue
-            needed.add(name)
-            node = self.milestone(name)
-            stack.extend(r for r in node.requires if r not in done)
-            for group in node.any_of:
-                if not done.intersection(group):
-                    stack.extend(group)
+            for group in self.milestone(stack.pop()).any_of:
+                if done.intersection(group) or certain.intersection(group):
+                    continue
+                for name in required(group) - needed:
+                    needed.add(name)
+                    stack.append(name)
         return frozenset(needed)
 
     def frontier(self, achieved: Iterable[str]) -> frozenset[str]:

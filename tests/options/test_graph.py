@@ -223,3 +223,26 @@ def test_milestones_verified_before_their_prerequisites_are_counted_and_named():
     share, example = out_of_order([in_order, skipped, early, either], g)
     assert share == 0.5 and example == "'d' at step 3 before one of b / c (task seed 3)"
     assert out_of_order([early], g)[1] == "'b' at step 2 before a (task seed 4)"
+
+
+def test_an_alternative_the_goals_need_anyway_leaves_the_others_of_its_group_unneeded():
+    """A session-54 user's kitchen: a shared ``plate`` asks for one dish part (chop,
+    cook_pasta or bake), and each episode's goal is one dish. A cake needs ``bake`` anyway,
+    so chop and cook_pasta (and their routes) are not needed in a cake episode: they were,
+    and a learner was paid for a salad's chopping while baking a cake."""
+    graph = TaskGraph.from_spec({"goals": ["salad_served", "pasta_served", "cake_served"], "milestones": {
+        "wash_veg": {}, "chop": {"requires": ["wash_veg"]}, "boil_water": {}, "cook_pasta": {"requires": ["boil_water"]},
+        "make_sauce": {}, "mix_batter": {}, "bake": {"requires": ["mix_batter"]},
+        "plate": {"any_of": [["chop", "cook_pasta", "bake"]]}, "serve": {"requires": ["plate"]},
+        "salad_served": {"requires": ["chop", "serve"]},
+        "pasta_served": {"requires": ["cook_pasta", "make_sauce", "serve"]},
+        "cake_served": {"requires": ["bake", "serve"]}}})
+    assert graph.still_needed((), ["cake_served"]) == {"mix_batter", "bake", "plate", "serve", "cake_served"}
+    assert graph.still_needed((), ["pasta_served"]) == {"boil_water", "cook_pasta", "make_sauce", "plate", "serve",
+                                                       "pasta_served"}
+    assert graph.still_needed({"mix_batter", "bake"}, ["cake_served"]) == {"plate", "serve", "cake_served"}
+    assert graph.still_needed((), ["salad_served", "cake_served"]) == {
+        "wash_veg", "chop", "mix_batter", "bake", "plate", "serve", "salad_served", "cake_served"}
+    loose = TaskGraph.from_spec({"goals": ["served"], "milestones": {  # no goal needs one part: each still may
+        "chop": {}, "bake": {}, "plate": {"any_of": [["chop", "bake"]]}, "served": {"requires": ["plate"]}}})
+    assert loose.still_needed(()) == {"chop", "bake", "plate", "served"}

@@ -643,17 +643,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
     goals = goal_metrics(trajectories, player.library.graph.goals)  # where each episode has its own goals
     metrics |= goals
-    for g in player.library.graph.goals if goals else ():
-        had = round(goals[f"goal/{g}/episodes"] * len(trajectories))
-        table.add_row(f"goal {g}: verified completion (episodes) / length",
-                      f"{goals[f'goal/{g}/success_rate']:.1%} ({had}) / {goals[f'goal/{g}/episode_length']:.1f}"
-                      if had else "no episode had it")
     for key in sorted(k for k in metrics if k.startswith("reward/")):
         table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
     console.print(table)
     if example is not None:
         console.print(f"milestones verified out of the task graph's order, e.g. {example}: {_OUT_OF_ORDER}",
                       markup=False, soft_wrap=True)
+    if goals:  # each episode has its own goals: how each goal fared
+        by_goal = Table(title="goals: the episodes that had each")
+        for col in ("goal", "episodes", "verified completion", "steps to the goal (successes)"):
+            by_goal.add_column(col, justify="left" if col == "goal" else "right")
+        for g in player.library.graph.goals:
+            had = [t for t in trajectories if g in (t.goals or player.library.graph.goals)]
+            won = [t.length for t in had if t.success]
+            low, high = wilson_interval(len(won), len(had)) if had else (float("nan"), float("nan"))
+            by_goal.add_row(g, str(len(had)), f"{len(won) / len(had):.1%} (95 % CI {low:.1%}–{high:.1%})" if had
+                            else "—", f"{np.mean(won):.1f}{_ci_text(_mean_interval(won))}" if won else "—")
+        console.print(by_goal)
     options = _option_figures(trajectories, player.library)
     if options:
         by_option = Table(title="option calls: how each ended (share of its calls)")

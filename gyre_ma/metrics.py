@@ -65,7 +65,7 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
 
 def goal_metrics(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> dict[str, float]:
     """Where episodes have their own goals (``Trajectory.goals``), per graph goal ``g``:
-    ``goal/<g>/episodes``, the share of episodes that had it, and ``goal/<g>/success_rate``
+    ``goal/<g>/episode_share``, the share of episodes that had it, and ``goal/<g>/success_rate``
     and ``goal/<g>/episode_length`` over those (NaN where none had it). Empty where every
     episode has the graph's goals."""
     if not any(t.goals for t in trajectories):
@@ -73,7 +73,7 @@ def goal_metrics(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> di
     out: dict[str, float] = {}
     for g in goals:
         had = [t for t in trajectories if g in (t.goals or goals)]
-        out[f"goal/{g}/episodes"] = len(had) / max(len(trajectories), 1)
+        out[f"goal/{g}/episode_share"] = len(had) / max(len(trajectories), 1)
         out[f"goal/{g}/success_rate"] = float(np.mean([t.success for t in had])) if had else math.nan
         out[f"goal/{g}/episode_length"] = float(np.mean([t.length for t in had])) if had else math.nan
     return out

@@ -96,7 +96,7 @@ def test_an_episode_succeeds_on_its_own_goals_and_is_paid_for_them_alone(user_en
     metrics = goal_metrics(trajectories, library.graph.goals)
     for g in GOALS:
         had = [t for t in trajectories if t.goals == (g,)]
-        assert metrics[f"goal/{g}/episodes"] == len(had) / 12
+        assert metrics[f"goal/{g}/episode_share"] == len(had) / 12
         assert metrics[f"goal/{g}/success_rate"] == np.mean([t.success for t in had])
     assert goal_metrics([run_episode(CoverageEnv(), library, RandomManager(0), seed=0)], GOALS) == {}
 
@@ -131,14 +131,15 @@ def test_train_logs_and_eval_tables_each_goal_and_check_wants_them_seeded(user_e
     assert main(["check", str(config), "--play", "2"]) == 0
     assert main(["train", str(config), "--quiet"]) == 0
     header = (tmp_path / "runs" / "one" / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {f"goal/{g}/{k}" for g in GOALS for k in ("episodes", "success_rate", "episode_length")} <= set(header)
+    assert {f"goal/{g}/{k}" for g in GOALS for k in ("episode_share", "success_rate", "episode_length")} <= set(header)
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "runs" / "one"), "--config", str(config), "--episodes", "12",
                  "--json", str(tmp_path / "e.json")]) == 0
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())
-    assert re.search(r"goal covered_0: verified completion \(episodes\) / length \d+\.\d% \(\d+\) / \d+\.\d", out), out
+    assert "goals: the episodes that had each" in out
+    assert re.search(r"covered_0 \d+ \d+\.\d% \(95 % CI \d+\.\d%–\d+\.\d%\) \d+\.\d \(95 % CI", out), out
     figures = __import__("json").loads((tmp_path / "e.json").read_text())
-    assert sum(round(figures[f"goal/{g}/episodes"] * 12) for g in GOALS) == 12
+    assert sum(round(figures[f"goal/{g}/episode_share"] * 12) for g in GOALS) == 12
     assert all(len(e["goals"]) == 1 for e in figures["episodes"])
 
     config.write_text(config.read_text().replace("one_landmark:make", "one_landmark:make_drifting"))

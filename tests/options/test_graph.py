@@ -231,7 +231,8 @@ def test_an_alternative_the_goals_need_anyway_leaves_the_others_of_its_group_unn
     so chop and cook_pasta (and their routes) are not needed in a cake episode: they were,
     and a learner was paid for a salad's chopping while baking a cake."""
     graph = TaskGraph.from_spec({"goals": ["salad_served", "pasta_served", "cake_served"], "milestones": {
-        "wash_veg": {}, "chop": {"requires": ["wash_veg"]}, "boil_water": {}, "cook_pasta": {"requires": ["boil_water"]},
+        "wash_veg": {}, "chop": {"requires": ["wash_veg"]},
+        "boil_water": {}, "cook_pasta": {"requires": ["boil_water"]},
         "make_sauce": {}, "mix_batter": {}, "bake": {"requires": ["mix_batter"]},
         "plate": {"any_of": [["chop", "cook_pasta", "bake"]]}, "serve": {"requires": ["plate"]},
         "salad_served": {"requires": ["chop", "serve"]},

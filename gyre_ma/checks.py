@@ -13,25 +13,28 @@ from gyre_ma.options.decision import Manager
 from gyre_ma.options.errors import UserCodeError
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.rewards.rules import RuleEngine, RuleResults
-from gyre_ma.rollout import run_episode
+from gyre_ma.rollout import Trajectory, run_episode
 
 
 def check_setup(env: Any | Callable[[], Any], library: OptionLibrary, *,
                 manager: Callable[[Any, int], Manager] | None = None, rules: RuleEngine | None = None,
-                rule_results: list[RuleResults] | None = None, **kwargs: Any) -> EnvCheckReport:
+                rule_results: list[RuleResults] | None = None, played: list[Trajectory] | None = None,
+                **kwargs: Any) -> EnvCheckReport:
     """:func:`~gyre_ma.envs.checks.check_env` with every episode played by ``library``'s
     options under a seeded random manager, which reaches milestones random actions rarely
     do, or under ``manager(env, seed)`` (a config's oracle or scripted manager, built on the
     env it plays); ``kwargs`` go to ``check_env`` (``seeds``, ``n_steps``, ``module``, ...).
     ``rules`` (a config's rule engine) are evaluated on every episode played, as a rollout
     worker evaluates them, so that a rule that cannot read the env's state fails here; each
-    episode's results are appended to ``rule_results``."""
+    episode's results are appended to ``rule_results``, and each episode to ``played``."""
     build = manager if manager is not None else (lambda _env, seed: RandomManager(seed))
 
     def drive(probe: Any, seed: int, n_steps: int) -> None:
         try:
             traj = run_episode(probe, library, build(probe, seed), seed=seed, max_steps=n_steps,
                                on_option_end=rules.on_option_end if rules is not None else None)
+            if played is not None:
+                played.append(traj)
             if rules is not None:
                 found = rules.end_episode(traj, probe)
                 if rule_results is not None:

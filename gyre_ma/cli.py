@@ -126,7 +126,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     library, config, env = _load_library_and_config(args.source, overrides)
     graph = library.graph
-    length, path = graph.critical_path()
+    length, path = max((graph.critical_path(g) for g in graph.goals), key=lambda found: found[0])  # the longest goal's
     table = Table(title=f"option library {library.name!r}: {len(library)} options")
     for col in ("option", "milestone", "kind", "sub-policy", "max_steps", "exclusive", "starts when"):
         table.add_column(col, overflow="fold")  # a name wraps in its cell rather than lose its end
@@ -146,7 +146,8 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     console.print(table)
     console.print(
         f"task graph: {len(graph)} milestones, goals {list(graph.goals)}; "
-        f"critical path {length:g} steps: {' → '.join(path)}"
+        f"critical path {length:g} steps"
+        + (f" (of the goal {path[-1]!r}, the longest)" if len(graph.goals) > 1 else "") + f": {' → '.join(path)}"
     )
     side = [m.name for m in graph.milestones if m.side_effect]
     if side:
@@ -212,29 +213,38 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
 
     from gyre_ma.checks import check_setup
     from gyre_ma.envs.registry import make_env, make_oracle
+    from gyre_ma.metrics import short_of_goals
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
     cap = config.train.max_steps or getattr(env, "max_cycles", None) or 1000
     fixed = config.manager.kind in ("oracle", "scripted")
     manager = ((lambda probe, _seed: make_oracle(config.env.id, probe, library, config.manager.policy))
                if fixed else None)
-    engine, found = None, []
+    engine, found, played = None, [], []
     if config.rewards.rules or config.rewards.rules_file:  # evaluated on the episodes, as a worker does
         from gyre_ma.rewards.scorer import RewardScorer
 
         engine = RewardScorer(config.rewards, library.graph, option_names=library.names).engine
     report = check_setup(factory, library, manager=manager, seeds=tuple(range(episodes)), n_steps=int(cap),
-                         pettingzoo_tests=False, rules=engine, rule_results=found)
+                         pettingzoo_tests=False, rules=engine, rule_results=found, played=played)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]
     by = (f"by the config's {config.manager.kind} manager"
           + (f" ({config.manager.policy})" if config.manager.policy else "") if fixed
           else "by a random order of the library's options")
+    if any(t.goals for t in played):  # each episode has its own goals
+        named = sorted({g for t in played for g in t.goals}, key=goals.index)
+        reached = (f"{sum(t.success for t in played)} of {len(played)} episodes reached their own goals "
+                   f"(episode_goals() named {named})")
+    else:
+        reached = (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
+                   if missed else f"goals {goals} reached")
     console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {report.steps // 2} steps, "
                   f"each episode replayed with the same milestones; {len(report.milestones)} of "
-                  f"{len(library.graph)} milestones verified; "
-                  + (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
-                     if missed else f"goals {goals} reached"), markup=False, soft_wrap=True)
+                  f"{len(library.graph)} milestones verified; {reached}", markup=False, soft_wrap=True)
+    short = short_of_goals(played, goals)
+    if short is not None:
+        console.print(f"note: {short}", markup=False, soft_wrap=True)
     if report.unverifiable:
         console.print(f"taken on trust (no verifier or detector to re-check them): {list(report.unverifiable)}",
                       markup=False, soft_wrap=True)
@@ -333,6 +343,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     from gyre_ma.config import dump_config
     from gyre_ma.files import write_json, write_text
     from gyre_ma.loop import Gyre
+    from gyre_ma.metrics import short_of_goals
     from gyre_ma.monitor import Monitor
 
     run_dir = config.run_dir
@@ -372,7 +383,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
     session_steps = session_seconds = 0.0  # this session's iterations
-    said_stop = said_order = False
+    said_stop = said_order = said_goals = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps{task.fields[rate]} · {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -395,6 +406,10 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                     console.print(f"iter {i + 1}/{config.train.iterations} · {int(metrics['env_steps'])} env steps"
                                   f"{rate} · {_success_line(metrics)}", markup=False, soft_wrap=True)
                 said_stop = _say_rollbacks(progress.console, gyre, metrics, i, said_stop)
+                short = None if said_goals else short_of_goals(trajectories, gyre.library.graph.goals)
+                if short is not None:
+                    said_goals = True
+                    progress.console.print(f"warning: iteration {i}: {short}", markup=False, soft_wrap=True)
                 if gyre.out_of_order is not None and not said_order:
                     said_order = True
                     progress.console.print(

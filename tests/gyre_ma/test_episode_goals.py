@@ -51,8 +51,25 @@ ONE_LANDMARK = textwrap.dedent("""
             return [milestone(Drifting.draws % 3)]
 
 
+    class Silent(OneLandmark):
+        '''Ends the episode at its own landmark but does not say which that is.'''
+
+        episode_goals = None
+
+        def step(self, actions):
+            observations, rewards, terminations, truncations, infos = super().step(actions)
+            if self.goal in self.verified_milestones():
+                terminations = dict.fromkeys(terminations, True)
+                self.agents = []
+            return observations, rewards, terminations, truncations, infos
+
+
     def make():
         return OneLandmark()
+
+
+    def make_silent():
+        return Silent(max_cycles=40)
 
 
     def make_drifting():
@@ -129,6 +146,9 @@ def test_train_logs_and_eval_tables_each_goal_and_check_wants_them_seeded(user_e
     config.write_text("name: one\nenv: {id: 'one_landmark:make'}\nlibrary: gyre_ma.envs.coverage.options:make_library\n"
                       f"run_root: {tmp_path / 'runs'}\ntrain: {{iterations: 1, episodes_per_iteration: 8}}\n")
     assert main(["check", str(config), "--play", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"\d of 2 episodes reached their own goals \(episode_goals\(\) named \['covered_", out), out
+    assert "critical path" in out and "(of the goal 'covered_" in out
     assert main(["train", str(config), "--quiet"]) == 0
     header = (tmp_path / "runs" / "one" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {f"goal/{g}/{k}" for g in GOALS for k in ("episode_share", "success_rate", "episode_length")} <= set(header)
@@ -142,7 +162,17 @@ def test_train_logs_and_eval_tables_each_goal_and_check_wants_them_seeded(user_e
     assert sum(round(figures[f"goal/{g}/episode_share"] * 12) for g in GOALS) == 12
     assert all(len(e["goals"]) == 1 for e in figures["episodes"])
 
-    config.write_text(config.read_text().replace("one_landmark:make", "one_landmark:make_drifting"))
+    config.write_text(config.read_text().replace("one_landmark:make", "one_landmark:make_silent"))
+    assert main(["check", str(config), "--play", "3"]) == 0  # a user who forgot to say the goals
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"note: 2 of 3 episodes ended by the env with some goals verified \(task seed 1: "
+                     r"\['covered_2'\], not \['covered_0', 'covered_1'\]\); an episode succeeds only when every goal "
+                     r"of the task graph is verified. If each episode has its own goals, say which with "
+                     r"episode_goals\(\)", out), out
+    assert main(["train", str(config), "--quiet", "--set", "name=silent"]) == 0
+    out = " ".join("".join(capsys.readouterr()).split())
+    assert "warning: iteration 0: " in out and "say which with episode_goals()" in out, out
+    config.write_text(config.read_text().replace("one_landmark:make_silent", "one_landmark:make_drifting"))
     assert main(["check", str(config), "--play", "1"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "[determinism]" in err and "with the same seed, episode_goals() after reset was" in err, err

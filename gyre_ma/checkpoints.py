@@ -65,8 +65,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not zipfile.is_zipfile(path):  # what torch.save writes; random bytes would read as a refused pickle
         raise ValueError(f"checkpoint {str(path)!r} cannot be read: it is damaged or not a checkpoint (not the "
                          "zip archive torch.save writes)")
+    data = path.read_bytes()
+    expected = _manifest_record(path)
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected[1]:
+        raise ValueError(f"checkpoint {str(path)!r} is the run's {expected[0]!r} slot, but its SHA-256 is not the one "
+                         f"the folder's {MANIFEST} records (corrupt or replaced since it was written)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "GLOBAL" in str(exc):  # weights_only refused to import a callable: loading it would run code
             raise ValueError(f"checkpoint {str(path)!r} was refused: it holds objects other than tensors and "
@@ -82,6 +87,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         return from_storable(state)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"checkpoint {str(path)!r} is damaged: {str(exc)[:200]}") from None
+
+
+def _manifest_record(path: Path) -> tuple[str, str] | None:
+    """The slot and SHA-256 its folder's manifest records for the checkpoint at ``path``
+    (a slot file, or a hard link to one: ``latest.pt``), where it records one. A copy of a
+    slot file under another name is not checked: it may be an older slot, whole."""
+    manifest = path.parent / MANIFEST
+    try:
+        slots = json.loads(manifest.read_text()).get("slots", {}) if manifest.is_file() else {}
+    except (OSError, ValueError, AttributeError):
+        return None  # a manifest that cannot be read says nothing here; training refuses it
+    for slot, record in slots.items() if isinstance(slots, dict) else ():
+        name = record.get("file") if isinstance(record, dict) else None
+        if not isinstance(name, str) or not _SLOT_FILE.match(name) or not isinstance(record.get("sha256"), str):
+            continue
+        target = path.parent / name
+        if name == path.name or (target.is_file() and os.path.samefile(target, path)):
+            return str(slot), record["sha256"]
+    return None
 
 
 # --------------------------------------------------------------------------- storable state
@@ -222,14 +246,28 @@ class ValidationDecision:
 def load_weights(module: Any, state: Any, what: str) -> None:
     """``module.load_state_dict(state)``; a checkpoint whose network does not fit the one the
     config builds (another ``manager.hidden``, library or env) is one error naming ``what``
-    and the weights that differ, not a traceback."""
+    and the weights that differ, with both shapes, not a traceback. Weights that are not
+    finite are refused: a policy of NaNs picks the first eligible option at every decision
+    (every logit NaN), and an evaluation of it looked like a policy that had learned."""
+    if isinstance(state, Mapping):
+        broken = [name for name, t in state.items()
+                  if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if broken:
+            raise ValueError(f"checkpoint {what}: weights {broken[:4]}{' …' if len(broken) > 4 else ''} hold NaN or "
+                             "infinite values (training never writes them: its updates skip non-finite steps); the "
+                             "file was damaged or edited: use another checkpoint of the run (best.pt, latest.pt)")
     try:
         module.load_state_dict(state)
     except RuntimeError as exc:
-        text = " ".join(str(exc).split())
+        own = module.state_dict()
+        differ = [f"{name}: checkpoint {tuple(t.shape)}, this config {tuple(own[name].shape)}"
+                  for name, t in state.items() if name in own and isinstance(t, torch.Tensor)
+                  and t.shape != own[name].shape] if isinstance(state, Mapping) else []
+        text = "; ".join(differ[:4]) if differ else " ".join(str(exc).split())
         raise ValueError(f"checkpoint {what}: its weights do not fit the network this config builds ("
                          f"{text[:400]}{'…' if len(text) > 400 else ''}); the config's manager, library or env "
-                         "differs from the run that wrote it: use that run's config") from None
+                         "differs from the run that wrote it (a layer's size follows manager.hidden, the library's "
+                         "options and the env's observations): use that run's config") from None
 
 
 def apply_lr_scale(optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer], lr_scale: float) -> None:

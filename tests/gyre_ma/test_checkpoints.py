@@ -282,3 +282,27 @@ def test_a_rollback_on_a_nan_score_writes_a_strict_json_manifest(tmp_path):
     assert manifest["rollbacks"][0]["score"] is None
     assert CheckpointManager(tmp_path).rollbacks[0].score is None  # and it reads back
     assert _strict(strict_json({"a": [float("inf"), 1.0]})) == {"a": [None, 1.0]}
+
+
+def test_loading_a_slot_by_its_file_or_link_checks_the_manifest_hash(tmp_path):
+    """A session-54 user corrupted ``latest.pt`` in place: ``train --resume`` refused it (the
+    manifest's hash), ``gyre-ma eval`` of the same file evaluated it."""
+    from gyre_ma.checkpoints import load_checkpoint
+
+    manager = CheckpointManager(tmp_path)
+    slot = manager.save("latest", {"policy": {"w": torch.zeros(100)}, "config": {}})
+    link = tmp_path / "latest.pt"
+    assert link.is_file() and os.path.samefile(link, slot)
+    assert torch.equal(load_checkpoint(link)["policy"]["w"], torch.zeros(100))
+    data = bytearray(slot.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with open(link, "r+b") as f:  # in place: the slot file is the same file
+        f.write(bytes(data))
+    for path in (link, slot):
+        with pytest.raises(ValueError, match=r"is the run's 'latest' slot, but its SHA-256 is not the one the "
+                                             r"folder's manifest.json records"):
+            load_checkpoint(path)
+    copy = tmp_path / "elsewhere" / "latest.pt"  # a file with no manifest beside it is not checked
+    copy.parent.mkdir()
+    copy.write_bytes(CheckpointManager(tmp_path / "fresh").save("latest", {"policy": {}, "config": {}}).read_bytes())
+    assert load_checkpoint(copy)["config"] == {}

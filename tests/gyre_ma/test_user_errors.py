@@ -338,8 +338,18 @@ def test_damaged_run_files_and_misfit_checkpoints_are_one_error_naming_the_file(
     from gyre_ma.report import load_spec
 
     with pytest.raises(ValueError, match=r"checkpoint policy: its weights do not fit the network this config builds "
-                                         r"\(.*size mismatch for weight"):
+                                         r"\(weight: checkpoint \(2, 4\), this config \(2, 3\)\)"):
         load_weights(nn.Linear(3, 2), nn.Linear(4, 2).state_dict(), "policy")
+    with pytest.raises(ValueError, match=r"checkpoint policy: its weights do not fit the network this config builds "
+                                         r"\(.*Missing key"):
+        load_weights(nn.Linear(3, 2), {"weight": nn.Linear(3, 2).weight.detach()}, "policy")
+    nan = nn.Linear(3, 2).state_dict()
+    nan["bias"][1] = float("nan")  # a session-54 user's NaN policy was evaluated as 100 % success
+    layer = nn.Linear(3, 2)
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    with pytest.raises(ValueError, match=r"checkpoint critic: weights \['bias'\] hold NaN or infinite values"):
+        load_weights(layer, nan, "critic")
+    assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())  # nothing was loaded
     csv = tmp_path / "metrics.csv"
     csv.write_text("iteration,success_rate\n0,0.5\nxx,0.75\n")
     with pytest.raises(ValueError, match=r"metrics.csv' is damaged: row 2's 'iteration' is 'xx', not a number"):

@@ -6,7 +6,9 @@ import argparse
 import contextlib
 import dis
 import errno
+import functools
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -379,6 +381,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         if gyre.learns and config.manager.kind != "llm":  # the untrained manager, for eval
             save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
     first = gyre.next_iteration
+    held.push(functools.partial(_record_error, run_dir, gyre))  # from here on, an error is kept in the run too
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
@@ -1076,6 +1079,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "and rerun with --resume")
         err_console.print(f"gyre-ma {args.command}: error: {text}", markup=False, soft_wrap=True)
         return 2
+
+
+ERROR_FILE = "error.txt"
+"""Where a training run that stopped on an error keeps it, one entry per stop."""
+
+
+def _record_error(run_dir: Path, gyre: Any, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    """An ``__exit__`` callback: append the error that is stopping ``gyre``'s training, with
+    the time and iteration, to the run's :data:`ERROR_FILE` (stderr alone had it; a run
+    left to train overnight kept no reason). Never suppresses the error."""
+    if not isinstance(exc, Exception):  # an interrupt is not an error; none at all, nothing to keep
+        return False
+    text = (" ".join(str(exc).split()) if _user_error(exc)
+            else "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    try:
+        with (run_dir / ERROR_FILE).open("a") as f:
+            f.write(f"{stamp} iteration {gyre.next_iteration}: {type(exc).__name__}: {text}\n")
+    except OSError:
+        pass  # a full disk or a read-only run root: the error itself still reaches stderr
+    return False
 
 
 def _import_from(folder: Path) -> None:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from gyre_ma.options.decision import Choice, Decision
+from gyre_ma.options.errors import UserCodeError
 
 if TYPE_CHECKING:
     from gyre_ma.backends.worker import RolloutKit
@@ -86,6 +87,8 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
     deciders = kit.deciders(version)
 
     def fault(slot: int, index: int, exc: Exception) -> None:
+        if isinstance(exc, UserCodeError) and exc.args and "task seed" not in str(exc.args[0]):
+            exc.args = (f"{exc.args[0]} [episode of task seed {tasks[index].task_seed}]", *exc.args[1:])
         if faults == "raise":
             raise exc
         results[index] = EpisodeFault(index, exc)

@@ -170,6 +170,10 @@ def test_train_reports_a_users_error_in_one_line_with_exit_2(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "userlib.wander of option 'go_to_" in err and "KeyError" in err and "userlib.py:7" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert re.search(r"\[episode of task seed \d+\]", err), err  # a rare fault can be found again
+    kept = (tmp_path / "broken" / "error.txt").read_text().splitlines()  # and the run keeps the reason
+    assert len(kept) == 1 and re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d iteration 0: UserCodeError: sub-policy "
+                                      r"userlib\.wander of option 'go_to_\d' .*KeyError", kept[0]), kept
 
 
 def test_train_reports_a_users_broken_rule_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):

@@ -91,6 +91,11 @@ def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_pa
     assert main([*command, "--iterations", "1"]) == 0
     capsys.readouterr()
     assert main([*command, "--iterations", "1"]) == 2 and "--resume" in capsys.readouterr().err
+    (tmp_path / "fresh" / "checkpoints" / "manifest.json").unlink()  # each refusal used to point at the other
+    assert main([*command, "--resume"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "its checkpoints/manifest.json (which slot file is which, and its hash) is missing" in err, err
+    assert "move its checkpoints folder away, or train under another name" in err
 
 
 def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):

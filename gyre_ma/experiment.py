@@ -583,7 +583,8 @@ def _record_spec(exp: Experiment) -> None:
 def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "final") -> dict[str, Any]:
     """Play the run's ``final`` (or ``best``) policy on ``episodes`` held-out task seeds from
     ``seed``, sampled and greedy; writes and returns ``eval.json``. The run's own config is
-    used: the experiment wrote it from the user's base config."""
+    used: the experiment wrote it from the user's base config. A manager that learns nothing
+    (random, oracle, scripted) is played as it is, sampled only: ``greedy`` is None."""
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.metrics import heldout_result
     from gyre_ma.player import Player
@@ -593,9 +594,11 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int, checkpoint: str = "
     path = run_dir / "checkpoints" / f"{checkpoint}.pt"
     if not path.is_file():
         path = run_dir / "checkpoints" / "final.pt"  # no validation ran, so no best
-    out: dict[str, Any] = {"checkpoint": path.name, "episodes": episodes, "first_seed": seed}
-    with Player(config, load_checkpoint(path)) as player:
-        for mode, greedy in (("sampled", False), ("greedy", True)):
+    learns = config.manager.learns
+    out: dict[str, Any] = {"checkpoint": path.name if learns else None, "episodes": episodes, "first_seed": seed,
+                           "learns": learns, "greedy": None}  # a manager that learns nothing has no greedy choice
+    with Player(config, load_checkpoint(path) if learns else None) as player:
+        for mode, greedy in (("sampled", False), ("greedy", True))[:2 if learns else 1]:
             played = player.play(evaluation_tasks(range(seed, seed + episodes), greedy=greedy))
             out[mode] = heldout_result([(t.success, t.length) for t in played]) | {
                 "option_calls": sum(len(t.calls) for t in played) / len(played)}

@@ -152,8 +152,10 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
         entry: dict[str, Any] = {"runs": len(rs), "missing": [r.name for r in runs
                                                               if r.variant == variant and r.state != "done"]}
         for mode in ("sampled", "greedy"):
-            entry[f"heldout_{mode}"] = _interval([r.evaluation[mode]["success"] for r in rs], reps, i)
+            entry[f"heldout_{mode}"] = _interval([r.evaluation[mode]["success"] for r in rs if r.evaluation.get(mode)],
+                                                 reps, i)
             entry[f"heldout_{mode}_steps_to_goal"] = _interval(_steps_to_goal(rs, mode), reps, i)
+        entry["learns"] = not rs or any(r.evaluation.get("learns", True) for r in rs)
         entry["env_steps"] = _interval([r.final(STEPS) for r in rs], reps, i)
         entry["final"] = {key: _interval([v for r in rs if not math.isnan(v := r.final(key))], reps, i)
                           for key in spec.report.metrics}
@@ -190,7 +192,7 @@ def summarize(spec: ExperimentSpec, runs: list[RunResult], *, reps: int) -> dict
 
 def _steps_to_goal(runs: Sequence[RunResult], mode: str) -> list[float]:
     """Each run's held-out mean length of its successful episodes (runs with none left out)."""
-    return [float(v) for r in runs if (v := r.evaluation[mode].get("steps_to_goal")) is not None]
+    return [float(v) for r in runs if (v := (r.evaluation.get(mode) or {}).get("steps_to_goal")) is not None]
 
 
 def _finite(x: float) -> float | None:
@@ -319,6 +321,11 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
         lines.append(f"| {v} | {d['runs']} | {_fmt(d['heldout_sampled'], 'mean')} | {_fmt(d['heldout_sampled'], 'iqm')}"
                      f" | {_fmt(d['heldout_greedy'], 'mean')} | {_fmt(d['heldout_greedy'], 'iqm')}"
                      f" | {_fmt(d['env_steps'], 'mean', scale='k')} |")
+    fixed = [v for v, d in s["variants"].items() if not d["learns"]]
+    if fixed:
+        lines += ["", f"{', '.join(f'`{v}`' for v in fixed)}: the manager learns nothing, so each run plays the same "
+                  "held-out episodes (an interval of no width says so, not precision), sampled only: it has no greedy "
+                  "choice."]
     lines += ["", "Held-out steps to the goal (each run's mean over its successful episodes; fewer is better):", "",
               "| variant | runs | sampled: mean | IQM | greedy: mean | IQM |", "|---|---|---|---|---|---|"]
     for v, d in s["variants"].items():

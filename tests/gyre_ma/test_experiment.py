@@ -441,7 +441,8 @@ def test_a_variant_that_never_measures_a_threshold_metric_is_left_out_of_it_not_
     steps = np.array([10.0, 20, 30])
     curves = {"learned": [0.5, 1.0, 1.0], "flat": [0.0, 0.0, 0.0], "random": [np.nan, np.nan, np.nan]}
     runs = [RunResult(v, seed, "done", {"env_steps": steps, "v": np.array(c)},
-                      {"sampled": {"success": 0.5}, "greedy": {"success": 0.5}})
+                      {"sampled": {"success": 0.5}, "greedy": {"success": 0.5}} if v != "random"
+                      else {"sampled": {"success": 0.2, "steps_to_goal": 90.0}, "greedy": None, "learns": False})
             for v, c in curves.items() for seed in (0, 1)]
     runs[-1].metrics.pop("v")  # a run that does not log the column at all, likewise
     s = summarize(spec, runs, reps=100)
@@ -455,6 +456,10 @@ def test_a_variant_that_never_measures_a_threshold_metric_is_left_out_of_it_not_
     text = _markdown(spec, s, [])
     assert "| `v>=0.9` | random | not measured by its 2 runs |" in text
     assert "| `v>=0.9` | flat | 0/2 |" in text
+    # a manager that learns nothing: sampled only (a session-54 user's report gave random a greedy 0.3)
+    assert "| random | 2 | 0.2 [0.2, 0.2] | 0.2 [0.2, 0.2] | — | — |" in text, text
+    assert "`random`: the manager learns nothing, so each run plays the same held-out episodes" in text
+    assert s["variants"]["random"]["learns"] is False and s["variants"]["flat"]["learns"] is True
 
 
 def test_the_report_compares_held_out_path_lengths_and_names_misspelt_metrics_and_foreign_runs(tmp_path):
@@ -528,3 +533,14 @@ def test_check_of_an_experiment_plays_each_variant_that_plays_otherwise(tmp_path
     path.write_text(text.replace("n_agents: 2", "n_agents: 3, size: 2"))
     assert main(["check", str(path), "--play", "0"]) == 2
     assert "size" in capsys.readouterr().err
+
+
+def test_a_run_whose_manager_learns_nothing_is_evaluated_sampled_only_without_a_checkpoint(tmp_path):
+    from gyre_ma.experiment import EVAL_FILE, evaluate_run
+
+    run = tmp_path / "random-s0"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: r\nenv: {id: coverage_v0}\nmanager: {kind: random}\n")
+    out = evaluate_run(run, episodes=4, seed=1_000_000)
+    assert out["learns"] is False and out["greedy"] is None and out["checkpoint"] is None
+    assert 0.0 <= out["sampled"]["success"] <= 1.0 and json.loads((run / EVAL_FILE).read_text())["greedy"] is None

@@ -656,6 +656,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_row("option calls to the goal (successes)", f"{metrics['calls_to_goal']:.1f}")
     table.add_row("agents lost per episode", f"{metrics['agents_lost']:.2f}")
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
+    if "faults/per_episode" in metrics:  # backend.on_fault: continue
+        table.add_row("faults played on through per episode / episodes an env fault cut",
+                      f"{metrics['faults/per_episode']:.2f} / {metrics['faults/episodes_cut']:.1%}")
     table.add_row("failed episodes: the env ended them / the step cap cut them",
                   f"{metrics['failed_env_ended']:.1%} / {metrics['failed_step_cap']:.1%}")
     table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}{_ci_text(length_ci)}")
@@ -709,7 +712,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 _ACHIEVED = ("milestone", "done")
-_FAILED = ("failure", "max_steps", "blocked", "timeout")
+_FAILED = ("failure", "max_steps", "blocked", "timeout", "fault")
 
 
 def _option_figures(trajectories: Sequence[Any], library: Any) -> dict[str, dict[str, float]]:

@@ -540,6 +540,14 @@ class BackendConfig(_Section):
     episode_timeout_s: float | None = Field(600.0, gt=0.0)
     """Seconds one episode may take (every backend); past it the episode is cut as a
     truncation (metric ``episode_timeouts``). None: unbounded."""
+    on_fault: Literal["stop", "continue"] = "stop"
+    """What a fault of the user's code in an episode does. ``stop``: the run stops with one
+    line naming it (the task seed, the option and agent, the file:line). ``continue``: a
+    sub-policy that raised or answered an unusable action ends its call as a failure
+    (``Termination.FAULT``) and its agent decides again; an env step that raised cuts the
+    episode there, as a truncation; each is kept on the trajectory (``faults/*`` metrics)
+    and warned once per source. Other faults (reset, predicates, detectors, rules) stop
+    the run either way."""
     pipeline_depth: int = Field(2, ge=1, le=16)
     """Calls queued on one Ray actor at a time, so it starts the next without waiting
     for the driver (1: one at a time)."""

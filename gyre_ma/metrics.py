@@ -44,9 +44,13 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     # wall-clock bounds (backend.option_timeout_s / episode_timeout_s): calls and episodes cut
     out["option_timeouts"] = sum(len(getattr(t, "option_timeouts", ())) for t in trajectories) / n
     out["episode_timeouts"] = sum(bool(getattr(t, "timed_out", False)) for t in trajectories) / n
+    if any(t.faults for t in trajectories):  # backend.on_fault: continue
+        out["faults/per_episode"] = sum(len(t.faults) for t in trajectories) / n
+        out["faults/episodes_cut"] = sum(t.cut_by_fault for t in trajectories) / n
     # the other failures: the env ended the episode before the step cap (every agent
     # terminated: died, lost, ran out of its own time) or the step cap cut it
-    failed = [t for t in trajectories if not t.success and not t.dead_ends and not getattr(t, "timed_out", False)]
+    failed = [t for t in trajectories if not t.success and not t.dead_ends and not getattr(t, "timed_out", False)
+              and not t.cut_by_fault]
     capped = sum(bool(t.horizon) and t.length >= t.horizon for t in failed)
     out["failed_env_ended"] = (len(failed) - capped) / n
     out["failed_step_cap"] = capped / n

@@ -103,6 +103,12 @@ class Trajectory:
     option whose milestone was lost): the episode was cut there, as a truncation."""
     option_timeouts: list[str] = field(default_factory=list)
     """Options whose call ran past ``backend.option_timeout_s`` (ended as failures)."""
+    faults: list[str] = field(default_factory=list)
+    """Faults the episode played on through (``backend.on_fault: continue``), one line each:
+    a sub-policy that raised or answered an unusable action (its call ended as
+    ``Termination.FAULT``), or the env's step that raised (the episode was cut there)."""
+    cut_by_fault: bool = False
+    """The env raised in a step and the episode was cut there, as a truncation."""
     timed_out: bool = False
     """The episode ran past ``backend.episode_timeout_s`` and was cut, as a truncation."""
     subpolicy_seconds: float = 0.0
@@ -231,6 +237,7 @@ def run_episode(
     on_option_end: Callable[[OptionCall, Any], None] | None = None,
     option_timeout_s: float | None = None,
     episode_timeout_s: float | None = None,
+    on_fault: str = "stop",
 ) -> Trajectory:
     """Roll one episode out, option by option, and return its whole trajectory: the
     episode :func:`play_episode` plays, with each decision asked of ``manager``.
@@ -242,7 +249,7 @@ def run_episode(
     play = play_episode(env, library, seed=seed, policy_version=policy_version, max_steps=max_steps,
                         record_state=record_state, step_log=step_log, on_option_end=hooks,
                         on_start=begin if callable(begin) else None, option_timeout_s=option_timeout_s,
-                        episode_timeout_s=episode_timeout_s)
+                        episode_timeout_s=episode_timeout_s, on_fault=on_fault)
     users = is_users(manager)
     try:
         pending = next(play)
@@ -291,6 +298,7 @@ def play_episode(
     on_start: Callable[[Any, int], None] | None = None,
     option_timeout_s: float | None = None,
     episode_timeout_s: float | None = None,
+    on_fault: str = "stop",
 ) -> Generator[Decision, Choice, Trajectory]:
     """Play one episode, option by option, as a coroutine: it yields each
     :class:`Decision` to be made and takes the :class:`Choice` sent back, and yields the
@@ -315,6 +323,13 @@ def play_episode(
     runs as an option call ends, while the env holds the state it ended in (rule checks),
     and ``on_start(env, seed)`` after the reset. Once every goal is verified the task is
     done: the episode ends there, as a termination.
+
+    ``on_fault`` (``backend.on_fault``): ``"stop"`` raises the first fault of the user's
+    code as one :class:`UserCodeError`; ``"continue"`` ends a call whose sub-policy raised
+    or answered an unusable action as :attr:`~gyre_ma.options.option.Termination.FAULT`
+    (its agent decides again, that option set aside until the next step), and cuts the
+    episode at an env step that raised, as a truncation (``cut_by_fault``); each is kept
+    in ``Trajectory.faults`` and warned once per source.
 
     Wall-clock bounds (:mod:`gyre_ma.watchdog`; None: none): an option call whose
     sub-policy has run ``option_timeout_s`` seconds in all ends as
@@ -426,27 +441,38 @@ def play_episode(
                     if started >= watch.episode_deadline:
                         raise EpisodeTimeout()
                     watch.option_deadline = started + option_limit - run.spent
+                    fault = None
                     try:
                         action = run.policy(run.ctx)
                     except OptionTimeout:
                         action = OptionTimeout
                     except Exception as exc:
-                        raise UserCodeError(f"sub-policy {callable_name(run.policy)} of option "
-                                            f"{run.option.name!r} (agent {a!r})", exc) from exc
+                        fault = UserCodeError(f"sub-policy {callable_name(run.policy)} of option "
+                                              f"{run.option.name!r} (agent {a!r})", exc)
+                        if on_fault != "continue":
+                            raise fault from exc
                     finally:
                         watch.option_deadline = math.inf
                         spent = time.perf_counter() - started
                         run.spent += spent
                         traj.subpolicy_seconds += spent
-                    timed_out = action is OptionTimeout or run.spent > option_limit
-                    if timed_out or action is CANNOT_PROCEED:  # the call ends without a step
-                        if timed_out:
-                            _timed_out(traj, run, option_limit)
-                        set_aside.add(run.call.option)
-                        running[a] = None
-                        end(run, False, False, Termination.TIMEOUT if timed_out else Termination.BLOCKED)
-                    else:
-                        actions[a] = checks[a](action, run.option.name, run.policy)
+                    timed_out = fault is None and (action is OptionTimeout or run.spent > option_limit)
+                    if fault is None and not timed_out and action is not CANNOT_PROCEED:
+                        try:
+                            actions[a] = checks[a](action, run.option.name, run.policy)
+                            continue
+                        except UserCodeError as exc:  # an action the env cannot take
+                            if on_fault != "continue":
+                                raise
+                            fault = exc
+                    if fault is not None:
+                        _faulted(traj, run.option.name, fault, seed, step)
+                    elif timed_out:
+                        _timed_out(traj, run, option_limit)
+                    set_aside.add(run.call.option)  # the call ends without a step
+                    running[a] = None
+                    end(run, False, False, Termination.FAULT if fault is not None
+                        else Termination.TIMEOUT if timed_out else Termination.BLOCKED)
                 if traj.dead_ends:
                     break
             if traj.dead_ends:
@@ -460,10 +486,14 @@ def play_episode(
                 actions = {a: actions[a] for a in env.agents if a in actions}  # the env's agent order
             try:
                 observations, rewards, terms, truncs, _ = env.step(actions)
-            except UserCodeError:
-                raise
             except Exception as exc:
-                raise UserCodeError(f"environment {_env_name(env)}.step (step {step})", exc) from exc
+                fault = exc if isinstance(exc, UserCodeError) else UserCodeError(
+                    f"environment {_env_name(env)}.step (step {step})", exc)
+                if on_fault != "continue":
+                    raise fault from (None if fault is exc else exc)
+                _faulted(traj, f"environment {_env_name(env)}.step", fault, seed, step)
+                traj.cut_by_fault = True
+                break
             if step_log is not None:
                 step_log.append((actions, dict(rewards)))
             step += 1
@@ -557,6 +587,22 @@ def _ask_models(agents: list[str], running: dict[str, _Running | None], actions:
 _UNWATCHED = types.SimpleNamespace(option_deadline=math.inf, episode_deadline=math.inf)
 """Deadlines of an episode played without wall-clock bounds."""
 _WARNED_TIMEOUTS: set[str] = set()
+
+
+_WARNED_FAULTS: set[str] = set()
+
+
+def _faulted(traj: Trajectory, source: str, fault: Exception, seed: int, step: int) -> None:
+    """Keep a fault the episode plays on through (``backend.on_fault: continue``) on its
+    trajectory, warned once per ``source`` (an option, the env's step) and process."""
+    text = f"{fault} [episode of task seed {seed}, step {step}]"
+    traj.faults.append(text)
+    if source not in _WARNED_FAULTS:
+        _WARNED_FAULTS.add(source)
+        warnings.warn(f"{text}; played on (backend.on_fault: continue): "
+                      + ("the episode was cut there" if source.startswith("environment") else
+                         "the call ended as a failure") + " (counted as faults/*; further faults of it are not "
+                      "warned)", RuntimeWarning, stacklevel=3)
 
 
 def _timed_out(traj: Trajectory, run: _Running, limit: float) -> None:

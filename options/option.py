@@ -100,6 +100,7 @@ class Termination(enum.Enum):
     MAX_STEPS = "max_steps"  # it ran out of its step cap
     EPISODE = "episode"  # the episode ended (agent terminated or truncated) first
     TIMEOUT = "timeout"  # its sub-policy ran past the call's wall-clock budget (a failure)
+    FAULT = "fault"  # its sub-policy raised or answered an unusable action (a failure; backend.on_fault: continue)
 
 
 def check_callable(owner: str, what: str, fn: object, n_args: int = 1, takes: str = "an OptionContext") -> None:

@@ -103,6 +103,8 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
         except StopIteration as done:
             results[flight.index] = flight.role.finish(kit.tag(done.value, flight.task, worker=worker,
                                                                  seconds=time.perf_counter() - flight.started))
+            if done.value.cut_by_fault:  # its env raised mid-step: its state is unknown
+                kit.discard_env(slot)
         except Exception as exc:  # noqa: BLE001 - the env's or a user's fault: it costs this episode only
             fault(slot, flight.index, exc)
         slots[slot] = None

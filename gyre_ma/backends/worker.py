@@ -106,6 +106,8 @@ class RolloutKit:
     option_timeout_s: float | None = None
     episode_timeout_s: float | None = None
     """Wall-clock bounds of an option call and an episode (``backend.*_timeout_s``)."""
+    on_fault: str = "stop"
+    """``backend.on_fault``: whether a fault of the user's code stops the run or is played on through."""
     llm_engine: str | None = None
     """Who scores the LLM manager's options in rollouts: ``transformers`` (its module) or
     ``vllm``; None for the MLP manager."""
@@ -132,7 +134,8 @@ class RolloutKit:
         else:
             library = make_library(config.env.id, env, config.library, config.library_kwargs)
         kit = cls(env, library, m.kind, config.train.max_steps, make_env=new_env, num_envs=config.rollout.num_envs,
-                  option_timeout_s=config.backend.option_timeout_s, episode_timeout_s=config.backend.episode_timeout_s)
+                  option_timeout_s=config.backend.option_timeout_s, episode_timeout_s=config.backend.episode_timeout_s,
+                  on_fault=config.backend.on_fault)
         rewards = getattr(config, "rewards", None)
         if rewards is not None and (rewards.rules or rewards.rules_file):
             from gyre_ma.rewards.scorer import RewardScorer
@@ -250,7 +253,7 @@ class RolloutKit:
         traj = yield from play_episode(env, self.library, seed=task.task_seed, policy_version=version,
                                        max_steps=self.cap(task), record_state=self.state_scaler is not None,
                                        on_option_end=hooks, on_start=on_start, option_timeout_s=self.option_timeout_s,
-                                       episode_timeout_s=self.episode_timeout_s)
+                                       episode_timeout_s=self.episode_timeout_s, on_fault=self.on_fault)
         if self.rules is not None:
             traj.rule_results = self.rules.end_episode(traj, env)
             traj.vetoed = traj.rule_results.vetoed  # known here, so a validation episode carries it too

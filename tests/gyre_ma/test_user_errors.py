@@ -21,6 +21,7 @@ from gyre_ma.agents.baselines import RandomManager
 from gyre_ma.cli import main
 from gyre_ma.envs.coverage.coverage import task_graph
 from gyre_ma.envs.registry import make_env
+from gyre_ma.metrics import episode_metrics
 from gyre_ma.options.errors import UserCodeError
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option
@@ -606,3 +607,59 @@ def test_check_evaluates_a_configs_rules_on_the_episodes_it_plays(tmp_path, caps
     assert main(["check", str(config), "--play", "1", "--set", f"rewards.rules={json.dumps(rules + [ghost])}"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert re.search(r"rule 'needs_ghost_key' \(episode_end\) .*unknown state key 'ghost'", err), err
+
+
+def test_on_fault_continue_ends_a_faulty_call_and_cuts_an_episode_at_a_step_that_raised(recwarn):
+    """A session-54 user's sub-policy raised on 0.2 % of its steps (a sensor glitch), and the
+    first one stopped a long run; with ``backend.on_fault: continue`` the run plays on
+    through it, and every fault stays on its trajectory."""
+    from gyre_ma.options.option import Termination
+
+    def glitchy(ctx):  # raises on its first step, then answers an action the space lacks, then moves
+        if ctx.steps == 0 and ctx.rng.random() < 0.5:
+            raise RuntimeError("sensor glitch")
+        return 99 if ctx.steps == 1 and ctx.rng.random() < 0.5 else 1
+
+    library = _library(glitchy)
+    with pytest.raises(UserCodeError, match="sensor glitch|returned the action 99"):
+        run_episode(make_env("coverage_v0"), library, RandomManager(0), seed=1)  # stop, the default
+    traj = run_episode(make_env("coverage_v0"), library, RandomManager(0), seed=1, on_fault="continue")
+    faulted = [c for c in traj.calls if c.termination is Termination.FAULT]
+    assert faulted and len(traj.faults) == len(faulted) and not traj.cut_by_fault
+    assert any("raised RuntimeError: sensor glitch" in f for f in traj.faults)
+    assert all(re.search(r"\[episode of task seed 1, step \d+\]$", f) for f in traj.faults)
+    assert all(c.duration == 0 for c in faulted)  # ended without a step, like a blocked call
+
+    class StepFails(_Broken):  # its third step raises
+        def step(self, actions):
+            self.fault += "x"
+            if len(self.fault) > 2:
+                raise OSError("tool server gone")
+            return self.env.step(actions)
+
+    with pytest.raises(UserCodeError, match=r"environment CoverageEnv\.step \(step 2\) raised OSError: tool server"):
+        run_episode(StepFails(""), _library(lambda ctx: 1), RandomManager(0), seed=1)
+    traj = run_episode(StepFails(""), _library(lambda ctx: 1), RandomManager(0), seed=1, on_fault="continue")
+    assert traj.cut_by_fault and traj.length == 2 and not traj.success
+    assert len(traj.faults) == 1 and re.fullmatch(r"environment CoverageEnv\.step \(step 2\) raised OSError: tool "
+                                                  r"server gone \(at .*test_user_errors\.py:\d+\) \[episode of task "
+                                                  r"seed 1, step 2\]", traj.faults[0]), traj.faults
+    assert all(c.termination is not None for c in traj.calls)  # every call closed, as at a truncation
+    metrics = episode_metrics([traj], ())
+    assert metrics["faults/episodes_cut"] == 1.0 and metrics["failed_env_ended"] == metrics["failed_step_cap"] == 0
+
+
+def test_train_plays_on_through_faults_when_told_to(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, LIBRARY.replace("{body}", "if ctx.rng.random() < 0.05:\n"
+                                                           "            raise KeyError('inventory')\n"
+                                                           "        return 1"))
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    assert main(["train", _config(tmp_path), "--quiet"]) == 2  # stop, the default
+    capsys.readouterr()
+    assert main(["train", _config(tmp_path), "--quiet", "--set", "name=goes_on",
+                 "--set", "backend.on_fault=continue"]) == 0
+    captured = capsys.readouterr()
+    assert "played on (backend.on_fault: continue): the call ended as a failure" in captured.err + captured.out
+    logged = (tmp_path / "goes_on" / "metrics.csv").read_text().splitlines()
+    assert "faults/per_episode" in logged[0].split(",")

@@ -28,7 +28,7 @@ from gymnasium import spaces
 from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import aec_to_parallel, turn_based_aec_to_parallel
 
-from gyre_ma.envs.base import NumericView
+from gyre_ma.envs.base import NumericView, episode_goals
 from gyre_ma.envs.checks import describe, why_outside
 from gyre_ma.options.errors import UserAnswerError, UserCodeError, callable_name
 from gyre_ma.options.graph import TaskGraph
@@ -556,8 +556,6 @@ class SingleAgentView(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         obs, _ = self.env.reset(seed=seed, options=options)
-        from gyre_ma.rollout import episode_goals  # the rollout's check of them; it imports the envs
-
         own = episode_goals(self.env, self.env.task_graph(), seed if seed is not None else -1)
         self._goals = frozenset(own or self.env.task_graph().goals)  # this episode's, where they change
         return self._view(obs[self.agent]), self._info()

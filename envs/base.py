@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
 
+from gyre_ma.options.errors import UserAnswerError, UserCodeError
 from gyre_ma.options.graph import TaskGraph
 
 
@@ -94,3 +95,25 @@ class NumericView:
             rows = np.asarray(observations, dtype=self.space.dtype)
             return rows.reshape(len(observations), -1)
         return np.stack([self(o) for o in observations])
+
+
+def episode_goals(env: Any, graph: TaskGraph, seed: int) -> tuple[str, ...]:
+    """The goals of the episode ``env`` was just reset to, where they change per episode:
+    what ``env.episode_goals()`` returns (some of ``graph``'s goals, in the graph's order),
+    checked; () where the env has no such method or it returns None (the graph's goals)."""
+    ask = getattr(env, "episode_goals", None)
+    if not callable(ask):
+        return ()
+    where = f"environment {type(getattr(env, 'unwrapped', env)).__name__}.episode_goals (task seed {seed})"
+    try:
+        got = ask()
+    except Exception as exc:
+        raise UserCodeError(where, exc) from exc
+    if got is None:
+        return ()
+    names = [got] if isinstance(got, str) else list(got) if isinstance(got, Iterable) else None
+    if not names or any(not isinstance(n, str) or n not in graph.goals for n in names):
+        raise UserAnswerError(where, f"returned {got!r}; expected a non-empty list of the task graph's goals "
+                              f"{list(graph.goals)} (the graph's goals are every goal an episode may have), or None "
+                              "for all of them", getattr(env, "goals_source", None) or ask)
+    return tuple(g for g in graph.goals if g in names)

@@ -667,6 +667,10 @@ def why_outside(space: spaces.Space, value: Any, label: str = "value") -> str:
             return f"{label} has shape {arr.shape}, expected {space.shape}"
         if not np.can_cast(arr.dtype, space.dtype):
             return f"{label} has dtype {arr.dtype}, which does not cast safely to {space.dtype}"
+        if np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any():  # NaN compares outside no bound
+            nan = np.argwhere(np.isnan(arr))
+            idx = tuple(int(i) for i in nan[0])
+            return f"{label}{list(idx) if idx else ''} is NaN ({len(nan)} of {arr.size} value(s) NaN)"
         bad = np.argwhere((arr < space.low) | (arr > space.high))
         if len(bad):
             idx = tuple(int(i) for i in bad[0])

@@ -68,8 +68,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     data = path.read_bytes()
     expected = _manifest_record(path)
     if expected is not None and hashlib.sha256(data).hexdigest() != expected[1]:
-        raise ValueError(f"checkpoint {str(path)!r} is the run's {expected[0]!r} slot, but its SHA-256 is not the one "
-                         f"the folder's {MANIFEST} records (corrupt or replaced since it was written)")
+        what = f"the run's {expected[0]!r} slot" if expected[0] in SLOTS else f"the run's {expected[0]}"
+        raise ValueError(f"checkpoint {str(path)!r} is {what}, but its SHA-256 is not the one the folder's "
+                         f"{MANIFEST} records (corrupt or replaced since it was written)")
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -95,9 +96,13 @@ def _manifest_record(path: Path) -> tuple[str, str] | None:
     slot file under another name is not checked: it may be an older slot, whole."""
     manifest = path.parent / MANIFEST
     try:
-        slots = json.loads(manifest.read_text()).get("slots", {}) if manifest.is_file() else {}
+        manifest_data = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        slots = manifest_data.get("slots", {})
     except (OSError, ValueError, AttributeError):
         return None  # a manifest that cannot be read says nothing here; training refuses it
+    files = manifest_data.get("files", {}) if isinstance(manifest_data, dict) else {}
+    if isinstance(files, dict) and isinstance(files.get(path.name), str):  # final.pt, initial.pt
+        return path.name, files[path.name]
     for slot, record in slots.items() if isinstance(slots, dict) else ():
         name = record.get("file") if isinstance(record, dict) else None
         if not isinstance(name, str) or not _SLOT_FILE.match(name) or not isinstance(record.get("sha256"), str):
@@ -521,6 +526,13 @@ class CheckpointManager:
             raise ValueError(f"checkpoint slot {slot!r}: file {path.name!r} cannot be loaded "
                              f"({type(exc).__name__}: {exc})") from None
         return from_storable(state)
+
+    def record_file(self, path: str | Path) -> None:
+        """Record the SHA-256 of a checkpoint written beside the slots (``final.pt``) in
+        the manifest, so that loading it checks it as a slot's is."""
+        path = Path(path)
+        self._manifest.setdefault("files", {})[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        self._write_manifest()
 
     def verify(self) -> dict[str, bool]:
         """Whether each filled slot's file matches its manifest hash."""

@@ -215,7 +215,7 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
 
     from gyre_ma.checks import check_setup
     from gyre_ma.envs.registry import make_env, make_oracle
-    from gyre_ma.metrics import short_of_goals
+    from gyre_ma.rollout import short_of_goals
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
     cap = config.train.max_steps or getattr(env, "max_cycles", None) or 1000
@@ -345,8 +345,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     from gyre_ma.config import dump_config
     from gyre_ma.files import write_json, write_text
     from gyre_ma.loop import Gyre
-    from gyre_ma.metrics import short_of_goals
     from gyre_ma.monitor import Monitor
+    from gyre_ma.rollout import short_of_goals
 
     run_dir = config.run_dir
     if args.resume:
@@ -376,8 +376,17 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         held.enter_context(_lock_run(run_dir))  # first: a run another trainer holds is named as such
         checkpoints = run_dir / "checkpoints"
         if checkpoints.exists() and any(p.name != INITIAL for p in checkpoints.iterdir()):
+            if not (checkpoints / "manifest.json").is_file():
+                raise UsageError(f"run directory {str(run_dir)!r} already has checkpoint files but no "
+                                 "checkpoints/manifest.json, so it cannot be resumed; to train this run anew, move its "
+                                 "checkpoints folder (and metrics.csv) away, or choose another name/run_root")
             raise UsageError(f"run directory {str(run_dir)!r} already has checkpoints; "
                              "pass --resume to continue it, or choose another name/run_root")
+        logged = run_dir / "metrics.csv"
+        if logged.is_file() and len(logged.read_bytes().splitlines()) > 1:  # an earlier run's: keep it
+            raise UsageError(f"run directory {str(run_dir)!r} holds the metrics.csv of an earlier run but no "
+                             "checkpoint to resume it from; move metrics.csv away (a fresh run would overwrite it), "
+                             "or choose another name/run_root")
         try:
             gyre = Gyre(config, run_dir)
         except BaseException:
@@ -431,6 +440,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         gyre.close()
     monitor.close()
     checkpoint = save_checkpoint(run_dir / "checkpoints" / "final.pt", gyre.state_dict())
+    if gyre.checkpoints is not None:  # its hash beside the slots': eval checks it as resume checks theirs
+        gyre.checkpoints.record_file(checkpoint)
     table = Table(title=f"run {config.name!r} — summary")
     table.add_column("metric")
     table.add_column("final iteration", justify="right")
@@ -439,7 +450,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                 "policy_version", "entropy", "kl", "checkpoint/rollbacks", "checkpoint/lr_scale"):
         if key in metrics:
             table.add_row(key, f"{metrics[key]:.4g}")
-    faults = {k: sum(row.get(k, 0.0) for row in monitor.history) for k in _FAULT_KEYS}
+    faults = {k: sum(row.get(k, 0.0) for row in monitor.history) for k in _FAULT_KEYS
+              if any(k in row for row in monitor.history)}
     for key, total in faults.items():
         table.add_row(f"{key} (this session)", f"{total:.4g}")
     if session_seconds > 0:  # rollouts, updates and validation together
@@ -495,7 +507,7 @@ _OUT_OF_ORDER = ("a milestone detector the policy fooled, or a task graph that d
 
 
 _FAULT_KEYS = ("backend/restarts", "backend/timeouts", "backend/reissued", "backend/requeued", "backend/replaced",
-               "staleness/dropped")
+               "staleness/dropped", "option_timeouts/count", "faults/count")
 """Faults survived, counted per iteration and summed over the session in the summary."""
 
 
@@ -1084,6 +1096,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         text = " ".join(str(exc).split())
         text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + "… (cut; --debug shows all)"
+        from gyre_ma.options.errors import UserCodeError
+
+        if args.command in ("train", "eval") and isinstance(exc, UserCodeError) and (
+                text.startswith("sub-policy") or ".step (step" in text.split(" raised ")[0]):
+            text += " (to play on through a rare fault like this one, set backend.on_fault: continue)"
         if args.command == "train" and isinstance(exc, OSError) and exc.errno in _STORAGE_FULL_OR_LOCKED:
             text += ("; the run keeps every iteration it completed: make room (or make the run root writable) "
                      "and rerun with --resume")
@@ -1106,7 +1123,8 @@ def _record_error(run_dir: Path, gyre: Any, exc_type: Any, exc: BaseException | 
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
     try:
         with (run_dir / ERROR_FILE).open("a") as f:
-            f.write(f"{stamp} iteration {gyre.next_iteration}: {type(exc).__name__}: {text}\n")
+            f.write(f"{stamp} iteration {gyre.next_iteration + 1} of {gyre.config.train.iterations} (as the progress "
+                    f"line counts): {type(exc).__name__}: {text}\n")
     except OSError:
         pass  # a full disk or a read-only run root: the error itself still reaches stderr
     return False

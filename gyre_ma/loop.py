@@ -24,6 +24,7 @@ from gyre_ma.checkpoints import ValidationDecision, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
 from gyre_ma.metrics import anchor_metrics, counted_success_rate, episode_metrics, goal_metrics, out_of_order
+from gyre_ma.options.option import Termination
 from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
@@ -59,6 +60,8 @@ class Gyre:
                                     n_options=len(self.library), option_names=self.library.names,
                                     fitter=self.learner.fitter, seed=config.seed)
         self.version = self.env_steps = self.next_iteration = 0
+        self._played: dict[str, float] = {}
+        """This iteration's faults and option timeouts, in training and validation episodes."""
         self.out_of_order: str | None = None
         """The last iteration's first milestone verified before its prerequisites, in words (None: none)."""
         self._tempered: tuple[int, float] | None = None
@@ -97,6 +100,7 @@ class Gyre:
                                                        max_staleness=b.max_staleness)
         else:
             trajectories = self.backend.collect(self.weights(), self.version, self.tasks(iteration))
+        self._count(trajectories)
         if self.verifier is not None:
             metrics |= Evaluator().check(self.verifier, trajectories)
         for traj in trajectories:
@@ -154,6 +158,7 @@ class Gyre:
             seeds = [validation_seed(self.config.seed, iteration, k) for k in range(self.config.roles.evaluators)]
             trajectories = self.backend.collect(self.weights(), self.version,
                                                 validation_tasks(seeds, modes=(False, True)))
+            self._count(trajectories)
             for mode, greedy in (("sampled", False), ("greedy", True)):
                 played = [t for t in trajectories if t.greedy == greedy]
                 metrics[f"validation/{mode}_success"] = counted_success_rate(played)
@@ -196,6 +201,7 @@ class Gyre:
             metrics |= self.validate(i)
         trajectories, rollout_metrics = self.rollout(i)                    # A
         rollout_s = time.perf_counter() - start
+        metrics |= self._played_counts(i, trajectories)  # first: episode_metrics' fault shares where any
         metrics |= rollout_metrics | episode_metrics(trajectories, self.library.graph.names)
         metrics |= goal_metrics(trajectories, self.library.graph.goals)
         share, self.out_of_order = out_of_order(trajectories, self.library.graph)
@@ -231,6 +237,38 @@ class Gyre:
         if self.checkpoints is not None:
             self.checkpoints.save("latest", self.state_dict(), step=i)
         return (metrics, trajectories) if return_trajectories else metrics
+
+    def _count(self, trajectories: list[Trajectory]) -> None:
+        """Add ``trajectories``' faults played on through and option calls cut by the
+        timeout to this iteration's counts (every episode played: validation's too)."""
+        for key, n in (("faults/count", sum(len(t.faults) for t in trajectories)),
+                       ("option_timeouts/count", sum(len(t.option_timeouts) for t in trajectories))):
+            self._played[key] = self._played.get(key, 0.0) + n
+
+    def _played_counts(self, i: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        """This iteration's counts (then reset); with ``backend.on_fault: continue``, the
+        fault metrics every iteration (0 where none), and a stop where the faults are no
+        flaky tool's: every episode cut by the env, or an option that faulted on every call."""
+        out = {"option_timeouts/count": self._played.get("option_timeouts/count", 0.0)}
+        faults, self._played = self._played.get("faults/count", 0.0), {}
+        if self.config.backend.on_fault != "continue":
+            return out
+        out |= {"faults/count": faults, "faults/per_episode": 0.0, "faults/episodes_cut": 0.0}  # shares: below
+        if trajectories and all(t.cut_by_fault for t in trajectories):
+            raise ValueError(f"iteration {i}: every episode was cut by a fault of the env's step, e.g. "
+                             f"{trajectories[0].faults[-1]}: backend.on_fault: continue plays on through a flaky "
+                             "fault, not one in every episode; fix it (or set backend.on_fault: stop)")
+        faulted: dict[int, list[bool]] = {}
+        for t in trajectories:
+            for c in t.calls:
+                faulted.setdefault(c.option, []).append(c.termination is Termination.FAULT)
+        for option, ends in faulted.items():
+            if len(ends) >= 8 and all(ends):
+                example = next(f for t in trajectories for f in t.faults if repr(self.library[option].name) in f)
+                raise ValueError(f"iteration {i}: every one of option {self.library[option].name!r}'s {len(ends)} "
+                                 f"calls faulted, e.g. {example}: backend.on_fault: continue plays on through a "
+                                 "flaky fault, not one on every call; fix it (or set backend.on_fault: stop)")
+        return out
 
     def _average(self, i: int) -> dict[str, float]:
         """From ``train.average_start`` on, the updated weights join the tail average; after

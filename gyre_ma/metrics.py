@@ -83,26 +83,6 @@ def goal_metrics(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> di
     return out
 
 
-def short_of_goals(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> str | None:
-    """Where at least half of ``trajectories`` were ended by the env itself with some of the
-    graph's ``goals`` verified but not all, the first such case in words; else None. That is
-    what an env whose episodes each have their own goals looks like when it does not say
-    them (``episode_goals()``): every episode is judged on all the goals."""
-    if len(goals) < 2 or not trajectories or any(t.goals for t in trajectories):
-        return None
-    ended = [t for t in trajectories
-             if not t.dead_ends and not t.timed_out and not (t.horizon and t.length >= t.horizon)
-             and 0 < len(set(goals) & set(t.milestone_steps)) < len(goals)]
-    if 2 * len(ended) < len(trajectories):
-        return None
-    t = ended[0]
-    got = [g for g in goals if g in t.milestone_steps]
-    return (f"{len(ended)} of {len(trajectories)} episodes ended by the env with some goals verified (task seed "
-            f"{t.task_seed}: {got}, not {[g for g in goals if g not in got]}); an episode succeeds only when every "
-            "goal of the task graph is verified. If each episode has its own goals, say which with episode_goals() "
-            "(README: Goals that change per episode)")
-
-
 def counted_success_rate(trajectories: Sequence[Trajectory]) -> float:
     """The share of ``trajectories`` that the learner counts as wins: verified success that
     no guard vetoed (:attr:`~gyre_ma.rollout.Trajectory.counted_success`). Validation, and

@@ -229,7 +229,8 @@ class Evaluator:
             RolloutTask("evaluator", traj.task_seed))
         try:
             replay = run_episode(kit.env, kit.library, _Replay(traj), seed=traj.task_seed,
-                                 policy_version=traj.policy_version, max_steps=cap)
+                                 policy_version=traj.policy_version, max_steps=cap,
+                                 on_fault=getattr(kit, "on_fault", "stop"))  # a fault the play went on through, too
         except _Diverged as exc:
             return Verification(False, claimed, frozenset(kit.env.verified_milestones()), str(exc))
         verified = frozenset(replay.milestone_steps)

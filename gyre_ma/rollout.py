@@ -13,17 +13,16 @@ import math
 import time
 import types
 import warnings
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from gyre_ma.envs.base import GyreEnv
+from gyre_ma.envs.base import GyreEnv, episode_goals
 from gyre_ma.options.decision import Choice, Decision, Manager
 from gyre_ma.options.errors import UserAnswerError, UserCodeError, callable_name
-from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import CANNOT_PROCEED, Option, OptionContext, Termination, is_behaviour
 from gyre_ma.watchdog import EpisodeTimeout, OptionTimeout, watchdog
@@ -595,7 +594,8 @@ _WARNED_FAULTS: set[str] = set()
 def _faulted(traj: Trajectory, source: str, fault: Exception, seed: int, step: int) -> None:
     """Keep a fault the episode plays on through (``backend.on_fault: continue``) on its
     trajectory, warned once per ``source`` (an option, the env's step) and process."""
-    text = f"{fault} [episode of task seed {seed}, step {step}]"
+    where = "" if "(step " in str(fault) else f", step {step}"  # an env's own message says its step
+    text = f"{fault} [episode of task seed {seed}{where}]"
     traj.faults.append(text)
     if source not in _WARNED_FAULTS:
         _WARNED_FAULTS.add(source)
@@ -652,26 +652,24 @@ def _unknown_agent(env: Any, agent: str, step: int) -> str:
             "(an agent that is done leaves env.agents)")
 
 
-def episode_goals(env: Any, graph: TaskGraph, seed: int) -> tuple[str, ...]:
-    """The goals of the episode ``env`` was just reset to, where they change per episode:
-    what ``env.episode_goals()`` returns (some of ``graph``'s goals, in the graph's order),
-    checked; () where the env has no such method or it returns None (the graph's goals)."""
-    ask = getattr(env, "episode_goals", None)
-    if not callable(ask):
-        return ()
-    where = f"environment {_env_name(env)}.episode_goals (task seed {seed})"
-    try:
-        got = ask()
-    except Exception as exc:
-        raise UserCodeError(where, exc) from exc
-    if got is None:
-        return ()
-    names = [got] if isinstance(got, str) else list(got) if isinstance(got, Iterable) else None
-    if not names or any(not isinstance(n, str) or n not in graph.goals for n in names):
-        raise UserAnswerError(where, f"returned {got!r}; expected a non-empty list of the task graph's goals "
-                              f"{list(graph.goals)} (the graph's goals are every goal an episode may have), or None "
-                              "for all of them", getattr(env, "goals_source", None) or ask)
-    return tuple(g for g in graph.goals if g in names)
+def short_of_goals(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> str | None:
+    """Where at least half of ``trajectories`` were ended by the env itself with some of the
+    graph's ``goals`` verified but not all, the first such case in words; else None. That is
+    what an env whose episodes each have their own goals looks like when it does not say
+    them (``episode_goals()``): every episode is judged on all the goals."""
+    if len(goals) < 2 or not trajectories or any(t.goals for t in trajectories):
+        return None
+    ended = [t for t in trajectories
+             if not t.dead_ends and not t.timed_out and not (t.horizon and t.length >= t.horizon)
+             and 0 < len(set(goals) & set(t.milestone_steps)) < len(goals)]
+    if 2 * len(ended) < len(trajectories):
+        return None
+    t = ended[0]
+    got = [g for g in goals if g in t.milestone_steps]
+    return (f"{len(ended)} of {len(trajectories)} episodes ended by the env with some goals verified (task seed "
+            f"{t.task_seed}: {got}, not {[g for g in goals if g not in got]}); an episode succeeds only when every "
+            "goal of the task graph is verified. If each episode has its own goals, say which with episode_goals() "
+            "(README: Goals that change per episode)")
 
 
 def _env_name(env: Any) -> str:

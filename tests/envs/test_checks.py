@@ -283,6 +283,9 @@ def test_why_outside_points_into_nested_spaces() -> None:
     )
     assert why_outside(space, {"pos": np.array([1, 2])}, "obs") == "obs['dir'] is missing"
     assert "has shape (3,)" in why_outside(space["pos"], np.zeros(3, np.int64))
+    glitch = np.zeros(31, np.float32)
+    glitch[4] = np.nan  # a session-54 user read "min=nan, max=nan" as an observation all NaN
+    assert why_outside(spaces.Box(-1, 1, (31,), np.float32), glitch, "obs") == "obs[4] is NaN (1 of 31 value(s) NaN)"
 
 
 class NonDeterministicPixel(CounterEnv):

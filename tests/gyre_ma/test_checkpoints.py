@@ -306,3 +306,22 @@ def test_loading_a_slot_by_its_file_or_link_checks_the_manifest_hash(tmp_path):
     copy.parent.mkdir()
     copy.write_bytes(CheckpointManager(tmp_path / "fresh").save("latest", {"policy": {}, "config": {}}).read_bytes())
     assert load_checkpoint(copy)["config"] == {}
+
+
+def test_a_final_checkpoint_recorded_in_the_manifest_is_checked_when_loaded(tmp_path):
+    """``final.pt``, what ``gyre-ma eval RUN_DIR`` takes, had no hash: flipped in place it
+    evaluated as if whole."""
+    from gyre_ma.checkpoints import load_checkpoint, save_checkpoint
+
+    manager = CheckpointManager(tmp_path)
+    manager.save("latest", {"policy": {}, "config": {}})
+    final = save_checkpoint(tmp_path / "final.pt", {"policy": {"w": torch.ones(50)}, "config": {}})
+    manager.record_file(final)
+    assert torch.equal(load_checkpoint(final)["policy"]["w"], torch.ones(50))
+    assert CheckpointManager(tmp_path).verify() == {"latest": True}  # the slots are as they were
+    data = bytearray(final.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    final.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"is the run's final.pt, but its SHA-256 is not the one the folder's "
+                                         r"manifest.json records"):
+        load_checkpoint(final)

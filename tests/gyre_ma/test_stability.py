@@ -96,6 +96,13 @@ def test_resuming_needs_a_checkpoint_and_a_fresh_run_refuses_to_overwrite(tmp_pa
     err = " ".join(capsys.readouterr().err.split())
     assert "its checkpoints/manifest.json (which slot file is which, and its hash) is missing" in err, err
     assert "move its checkpoints folder away, or train under another name" in err
+    assert main([*command, "--iterations", "1"]) == 2  # and without --resume, not "pass --resume"
+    assert "already has checkpoint files but no checkpoints/manifest.json" in capsys.readouterr().err
+    (tmp_path / "fresh" / "checkpoints").rename(tmp_path / "fresh" / "old_checkpoints")
+    assert main([*command, "--iterations", "1"]) == 2  # the earlier run's metrics.csv is not overwritten
+    assert "holds the metrics.csv of an earlier run" in " ".join(capsys.readouterr().err.split())
+    (tmp_path / "fresh" / "metrics.csv").rename(tmp_path / "fresh" / "old_metrics.csv")
+    assert main([*command, "--iterations", "1"]) == 0
 
 
 def test_provoked_collapse_is_rolled_back_with_the_lr_cut_logged(tmp_path):

@@ -147,10 +147,10 @@ class Gyre:
         return metrics | {"update_skipped": 0.0, "lr_scale": lr_scale, "entropy_coef": entropy_coef}
 
     def validate(self, iteration: int, trajectories: list[Trajectory] | None = None) -> dict[str, float]:
-        """Judge the current policy by verified success that no guard vetoed, on held-out episodes, sampled and
-        greedy (or, with no evaluators, on the training ``trajectories``), then by their mean
-        length: keep it as best, or roll back to the best when its success fell significantly
-        (LR cut, latest batch purged)."""
+        """Judge the current policy by verified success that no guard vetoed, on held-out
+        episodes, sampled and greedy (or, with no evaluators, on the training
+        ``trajectories``), then by their mean length: keep it as best, or roll back to the
+        best when its success fell significantly (LR cut, latest batch purged)."""
         if self.checkpoints is None:
             return {}
         metrics: dict[str, float] = {}

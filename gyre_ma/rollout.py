@@ -486,10 +486,12 @@ def play_episode(
             try:
                 observations, rewards, terms, truncs, _ = env.step(actions)
             except Exception as exc:
+                if on_fault != "continue" and isinstance(exc, UserCodeError):
+                    raise  # as it is, its cause (the user's exception) kept
                 fault = exc if isinstance(exc, UserCodeError) else UserCodeError(
                     f"environment {_env_name(env)}.step (step {step})", exc)
                 if on_fault != "continue":
-                    raise fault from (None if fault is exc else exc)
+                    raise fault from exc
                 _faulted(traj, f"environment {_env_name(env)}.step", fault, seed, step)
                 traj.cut_by_fault = True
                 break
@@ -586,8 +588,6 @@ def _ask_models(agents: list[str], running: dict[str, _Running | None], actions:
 _UNWATCHED = types.SimpleNamespace(option_deadline=math.inf, episode_deadline=math.inf)
 """Deadlines of an episode played without wall-clock bounds."""
 _WARNED_TIMEOUTS: set[str] = set()
-
-
 _WARNED_FAULTS: set[str] = set()
 
 
@@ -660,7 +660,7 @@ def short_of_goals(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> 
     if len(goals) < 2 or not trajectories or any(t.goals for t in trajectories):
         return None
     ended = [t for t in trajectories
-             if not t.dead_ends and not t.timed_out and not (t.horizon and t.length >= t.horizon)
+             if not t.dead_ends and not t.timed_out and not t.cut_by_fault and not (t.horizon and t.length >= t.horizon)
              and 0 < len(set(goals) & set(t.milestone_steps)) < len(goals)]
     if 2 * len(ended) < len(trajectories):
         return None

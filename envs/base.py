@@ -63,14 +63,17 @@ def _flattenable(space: gym.Space) -> bool:
 class NumericView:
     """The numeric part of an observation space, flattened to one float vector.
 
-    Dict members with no numeric form (MiniGrid's mission ``Text``) are dropped; any
-    other non-flattenable space is a TypeError naming it.
+    Dict members with no numeric form are dropped: text (a ``Text`` space, which Gymnasium
+    would flatten to one character code per position: thousands of inputs that swamp the
+    numeric ones, as a session-54 user's manager found) and spaces with no flat form
+    (MiniGrid's mission); any other non-flattenable space is a TypeError naming it.
     """
 
     def __init__(self, space: gym.Space) -> None:
         self.keys: list[str] | None = None
         if isinstance(space, gym.spaces.Dict):
-            self.keys = [k for k, s in space.spaces.items() if _flattenable(s)]
+            self.keys = [k for k, s in space.spaces.items()
+                         if _flattenable(s) and not isinstance(s, gym.spaces.Text)]
             space = gym.spaces.Dict({k: space[k] for k in self.keys})
         elif not _flattenable(space):
             raise TypeError(f"observation space {space} has no numeric flat form")

@@ -46,6 +46,9 @@ class EnvCheckError(AssertionError, ValueError):
     """One broken promise of an environment. An ``AssertionError`` like PettingZoo's own
     conformance failures, and a ``ValueError`` like every other bad input to gyre-ma."""
 
+    never_played_through = True
+    """A check's finding, not a fault of the env: ``backend.on_fault: continue`` stops on it."""
+
     def __init__(
         self,
         check: str,
@@ -101,7 +104,9 @@ def check_env(
     (:func:`gyre_ma.checks.check_setup` drives it by an option library under a seeded
     random manager, which reaches milestones random actions rarely do) — checking every
     reset and step; then the same seed and actions are replayed and must give the same
-    milestones. ``library`` checks that the library is built on the env's task graph. ``module`` (one that exposes
+    milestones (but where ``drive`` returns True: an episode cut by a fault it played on
+    through, which a replay need not meet again). ``library`` checks that the library is
+    built on the env's task graph. ``module`` (one that exposes
     ``env(max_cycles=...)`` and ``parallel_env(max_cycles=...)``) adds PettingZoo's
     ``max_cycles_test``.
     """
@@ -121,8 +126,10 @@ def check_env(
         first = _Probe(instance, graph, verifiers, seed)
         if drive is None:
             _random_episode(first, seed, n_steps)
-        else:
-            drive(first, seed, n_steps)
+        elif drive(first, seed, n_steps):  # cut by a fault it played on through: no replay
+            steps += len(first.trace.actions)
+            seen.update(*first.trace.verified)
+            continue
         replay = _Probe(instance, graph, verifiers, seed, expected=first.trace)
         _replay(replay, seed, first.trace.actions)
         steps += len(first.trace.actions) + len(replay.trace.actions)

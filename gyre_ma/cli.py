@@ -228,7 +228,8 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
 
         engine = RewardScorer(config.rewards, library.graph, option_names=library.names).engine
     report = check_setup(factory, library, manager=manager, seeds=tuple(range(episodes)), n_steps=int(cap),
-                         pettingzoo_tests=False, rules=engine, rule_results=found, played=played)
+                         pettingzoo_tests=False, rules=engine, rule_results=found, played=played,
+                         on_fault=config.backend.on_fault)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]
     by = (f"by the config's {config.manager.kind} manager"
@@ -241,9 +242,16 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     else:
         reached = (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
                    if missed else f"goals {goals} reached")
-    console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {report.steps // 2} steps, "
-                  f"each episode replayed with the same milestones; {len(report.milestones)} of "
-                  f"{len(library.graph)} milestones verified; {reached}", markup=False, soft_wrap=True)
+    cut = sum(t.cut_by_fault for t in played)
+    console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {sum(t.length for t in played)} steps, "
+                  + ("each episode replayed with the same milestones" if not cut else
+                     f"each episode but the {cut} a fault cut replayed with the same milestones")
+                  + f"; {len(report.milestones)} of {len(library.graph)} milestones verified; {reached}",
+                  markup=False, soft_wrap=True)
+    faults = sum(len(t.faults) for t in played)
+    if faults:
+        console.print(f"faults played on through (backend.on_fault: continue): {faults}, e.g. "
+                      f"{next(f for t in played for f in t.faults)}", markup=False, soft_wrap=True)
     short = short_of_goals(played, goals)
     if short is not None:
         console.print(f"note: {short}", markup=False, soft_wrap=True)

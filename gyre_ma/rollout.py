@@ -486,8 +486,9 @@ def play_episode(
             try:
                 observations, rewards, terms, truncs, _ = env.step(actions)
             except Exception as exc:
-                if on_fault != "continue" and isinstance(exc, UserCodeError):
-                    raise  # as it is, its cause (the user's exception) kept
+                if getattr(exc, "never_played_through", False) or (on_fault != "continue"
+                                                                   and isinstance(exc, UserCodeError)):
+                    raise  # as it is, its cause (the user's exception) kept; a check's finding, always
                 fault = exc if isinstance(exc, UserCodeError) else UserCodeError(
                     f"environment {_env_name(env)}.step (step {step})", exc)
                 if on_fault != "continue":

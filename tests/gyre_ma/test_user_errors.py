@@ -456,6 +456,8 @@ def test_check_plays_a_configs_env_so_that_an_env_broken_at_its_first_step_fails
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith("gyre-ma check: error: check_env [step] (seed=0, step=1, agent='agent_0'): reward for "
                           "agent 'agent_0' after step 1 is 'lots', expected a finite number"), err
+    assert main(["check", str(config), "--set", "backend.on_fault=continue"]) == 2  # a check's finding is no fault
+    assert "check_env [step] (seed=0, step=1, agent='agent_0')" in capsys.readouterr().err
     config.write_text(config.read_text().replace("userlib:make", "coverage_v0"))
     assert main(["check", str(config), "--play", "3"]) == 0
     out = " ".join(capsys.readouterr().out.split())
@@ -680,3 +682,40 @@ def test_train_plays_on_through_faults_when_told_to(tmp_path, monkeypatch, capsy
     err = " ".join(capsys.readouterr().err.split())
     assert re.search(r"iteration 0: every one of option 'go_to_\d''s \d+ calls faulted, e\.g\. sub-policy "
                      r"userlib\.wander .* plays on through a flaky fault, not one on every call", err), err
+
+
+def test_check_plays_on_through_faults_as_training_would_when_told_to(tmp_path, monkeypatch, capsys):
+    """A session-54 user's flaky tools could never pass ``check``: it stopped at the first
+    fault even with ``backend.on_fault: continue``, which train and eval honoured."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "flaky", raising=False)
+    (tmp_path / "flaky.py").write_text(textwrap.dedent("""
+        from gyre_ma.envs.coverage.coverage import CoverageEnv
+
+
+        class Flaky(CoverageEnv):
+            '''The episode of seed 1 meets a tool that is down at its second step.'''
+
+            def reset(self, seed=None, options=None):
+                self.seed_, self.n = seed, 0
+                return super().reset(seed=seed, options=options)
+
+            def step(self, actions):
+                self.n += 1
+                if self.seed_ == 1 and self.n == 2:
+                    raise OSError("tool API timed out (HTTP 503)")
+                return super().step(actions)
+
+
+        def make():
+            return Flaky(max_cycles=30)
+    """))
+    config = tmp_path / "flaky.yaml"
+    config.write_text("name: flaky\nenv: {id: 'flaky:make'}\nlibrary: gyre_ma.envs.coverage.options:make_library\n")
+    assert main(["check", str(config), "--play", "3"]) == 2
+    assert "Flaky.step (step 1) raised OSError: tool API timed out" in " ".join(capsys.readouterr().err.split())
+    assert main(["check", str(config), "--play", "3", "--set", "backend.on_fault=continue"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "each episode but the 1 a fault cut replayed with the same milestones" in out, out
+    assert "faults played on through (backend.on_fault: continue): 1, e.g. environment Flaky.step (step 1) raised " \
+           "OSError: tool API timed out (HTTP 503)" in out, out

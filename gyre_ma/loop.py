@@ -257,7 +257,8 @@ class Gyre:
         if trajectories and all(t.cut_by_fault for t in trajectories):
             raise ValueError(f"iteration {i}: every episode was cut by a fault of the env's step, e.g. "
                              f"{trajectories[0].faults[-1]}: backend.on_fault: continue plays on through a flaky "
-                             "fault, not one in every episode; fix it (or set backend.on_fault: stop)")
+                             "fault, not one in every episode; fix it (a fault drawn from the task seed recurs in "
+                             "every episode of that seed: draw a flaky tool's faults from a generator of its own)")
         faulted: dict[int, list[bool]] = {}
         for t in trajectories:
             for c in t.calls:
@@ -267,7 +268,7 @@ class Gyre:
                 example = next(f for t in trajectories for f in t.faults if repr(self.library[option].name) in f)
                 raise ValueError(f"iteration {i}: every one of option {self.library[option].name!r}'s {len(ends)} "
                                  f"calls faulted, e.g. {example}: backend.on_fault: continue plays on through a "
-                                 "flaky fault, not one on every call; fix it (or set backend.on_fault: stop)")
+                                 "flaky fault, not one on every call; fix it")
         return out
 
     def _average(self, i: int) -> dict[str, float]:

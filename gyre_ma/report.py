@@ -324,8 +324,8 @@ def _markdown(spec: ExperimentSpec, s: dict[str, Any], figures: list[str]) -> st
     fixed = [v for v, d in s["variants"].items() if not d["learns"]]
     if fixed:
         lines += ["", f"{', '.join(f'`{v}`' for v in fixed)}: the manager learns nothing, so each run plays the same "
-                  "held-out episodes (an interval of no width says so, not precision), sampled only: it has no greedy "
-                  "choice."]
+                  "held-out task seeds the same way (in a deterministic env, the same episodes: an interval of no "
+                  "width says so, not precision), sampled only: it has no greedy choice."]
     lines += ["", "Held-out steps to the goal (each run's mean over its successful episodes; fewer is better):", "",
               "| variant | runs | sampled: mean | IQM | greedy: mean | IQM |", "|---|---|---|---|---|---|"]
     for v, d in s["variants"].items():

@@ -458,7 +458,7 @@ def test_a_variant_that_never_measures_a_threshold_metric_is_left_out_of_it_not_
     assert "| `v>=0.9` | flat | 0/2 |" in text
     # a manager that learns nothing: sampled only (a session-54 user's report gave random a greedy 0.3)
     assert "| random | 2 | 0.2 [0.2, 0.2] | 0.2 [0.2, 0.2] | — | — |" in text, text
-    assert "`random`: the manager learns nothing, so each run plays the same held-out episodes" in text
+    assert "`random`: the manager learns nothing, so each run plays the same held-out task seeds" in text
     assert s["variants"]["random"]["learns"] is False and s["variants"]["flat"]["learns"] is True
 
 

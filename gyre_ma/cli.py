@@ -402,6 +402,10 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                 _remove_if_only_lock(run_dir)
             raise
         write_text(run_dir / "config.yaml", dump_config(config))
+        if (run_dir / ERROR_FILE).is_file():  # an earlier attempt's errors stay, marked as such
+            with (run_dir / ERROR_FILE).open("a") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())} a fresh run started here; "
+                        "the errors above are an earlier attempt's\n")
         if gyre.learns and config.manager.kind != "llm":  # the untrained manager, for eval
             save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
     first = gyre.next_iteration
@@ -726,7 +730,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:  # the figures, and each episode's own (for intervals of your choosing, or pairing with another run)
         episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
                      "option_calls": len(t.calls)} | ({"goals": list(t.goals)} if goals else {})
-                    for t in trajectories]
+                    | ({"faults": len(t.faults), "cut_by_fault": t.cut_by_fault} if "faults/per_episode" in metrics
+                       else {}) for t in trajectories]
         write_json(Path(args.json), metrics | {"episodes": episodes, "options": options})
     return 0
 

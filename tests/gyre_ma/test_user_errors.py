@@ -177,6 +177,9 @@ def test_train_reports_a_users_error_in_one_line_with_exit_2(tmp_path, monkeypat
                                       r"counts\): UserCodeError: sub-policy userlib\.wander of option 'go_to_\d' "
                                       r".*KeyError", kept[0]), kept
     assert err.strip().endswith("(to play on through a rare fault like this one, set backend.on_fault: continue)")
+    assert main(["train", _config(tmp_path), "--quiet"]) == 2  # a fresh attempt in the same folder
+    kept = (tmp_path / "broken" / "error.txt").read_text().splitlines()
+    assert len(kept) == 3 and kept[1].endswith("a fresh run started here; the errors above are an earlier attempt's")
 
 
 def test_train_reports_a_users_broken_rule_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
@@ -674,6 +677,10 @@ def test_train_plays_on_through_faults_when_told_to(tmp_path, monkeypatch, capsy
     assert {"faults/per_episode", "faults/count", "option_timeouts/count"} <= set(logged[0].split(","))
     summary = json.loads((tmp_path / "goes_on" / "summary.json").read_text())
     assert summary["faults/count_total"] >= 1
+    assert main(["eval", str(tmp_path / "goes_on"), "--config", _config(tmp_path), "--set", "backend.on_fault=continue",
+                 "--episodes", "12", "--json", str(tmp_path / "e.json")]) == 0
+    episodes = json.loads((tmp_path / "e.json").read_text())["episodes"]
+    assert all({"faults", "cut_by_fault"} <= set(e) for e in episodes) and sum(e["faults"] for e in episodes) >= 1
 
     _write_user_module(tmp_path, LIBRARY.replace("{body}", "raise KeyError('inventory')"))  # a bug, not a glitch
     monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)

@@ -556,8 +556,9 @@ class SingleAgentView(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         obs, _ = self.env.reset(seed=seed, options=options)
-        own = episode_goals(self.env, self.env.task_graph(), seed if seed is not None else -1)
-        self._goals = frozenset(own or self.env.task_graph().goals)  # this episode's, where they change
+        graph = self.env.task_graph()
+        self._goals = frozenset(episode_goals(self.env, graph, seed if seed is not None else -1)
+                                or graph.goals)  # this episode's, where they change
         return self._view(obs[self.agent]), self._info()
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:

@@ -29,6 +29,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils.env_checker import data_equivalence
 
+from gyre_ma.envs.base import episode_goals
+from gyre_ma.options.errors import UserAnswerError
 from gyre_ma.options.graph import TaskGraph
 from gyre_ma.options.library import resolve
 
@@ -227,8 +229,8 @@ class _Trace:
     verified: list[frozenset[str]] = field(default_factory=list)
     observations: list[dict] = field(default_factory=list)
     agents: list[tuple[str, ...]] = field(default_factory=list)
-    goals: Any = None
-    """What ``episode_goals()`` said after the reset, where the env has it."""
+    goals: tuple[str, ...] = ()
+    """What ``episode_goals()`` said after the reset (() where the env has the graph's)."""
 
 
 class _Probe:
@@ -272,22 +274,16 @@ class _Probe:
         return out
 
     def _check_goals(self) -> None:
-        """The episode's own goals, where the env says them: the graph's goals, and the same
-        for the same seed."""
-        ask = getattr(self._env, "episode_goals", None)
-        if not callable(ask):
-            return
-        goals = ask()
-        names = [goals] if isinstance(goals, str) else goals
-        if goals is not None and (not isinstance(names, (list, tuple, set, frozenset)) or not names
-                                  or any(n not in self._graph.goals for n in names)):
-            raise self._fail("episode_goals", f"episode_goals() after reset returned {goals!r}; expected a non-empty "
-                             f"list of the task graph's goals {list(self._graph.goals)}, or None for all of them",
+        """The episode's own goals, where the env says them (:func:`~gyre_ma.envs.base.episode_goals`,
+        the rollout's reading of them): the graph's goals, and the same for the same seed."""
+        try:
+            goals = episode_goals(self._env, self._graph, self._seed)
+        except UserAnswerError as exc:
+            raise self._fail("episode_goals", str(exc),
                              "name only goals the graph declares: its goals are every goal an episode may have")
-        goals = None if goals is None else frozenset(names)
         if self._expected is not None and goals != self._expected.goals:
             raise self._fail("determinism", f"with the same seed, episode_goals() after reset was "
-                             f"{sorted(self._expected.goals or ())} then {sorted(goals or ())}",
+                             f"{list(self._expected.goals)} then {list(goals)}",
                              "draw the episode's goals from reset(seed=...)'s random state")
         self.trace.goals = goals
 

@@ -64,8 +64,17 @@ ONE_LANDMARK = textwrap.dedent("""
             return observations, rewards, terminations, truncations, infos
 
 
+    class Unknown(OneLandmark):
+        def episode_goals(self):
+            return ["covered_9"]
+
+
     def make():
         return OneLandmark()
+
+
+    def make_unknown():
+        return Unknown()
 
 
     def make_silent():
@@ -172,7 +181,12 @@ def test_train_logs_and_eval_tables_each_goal_and_check_wants_them_seeded(user_e
     assert main(["train", str(config), "--quiet", "--set", "name=silent"]) == 0
     out = " ".join("".join(capsys.readouterr()).split())
     assert "warning: iteration 0: " in out and "say which with episode_goals()" in out, out
-    config.write_text(config.read_text().replace("one_landmark:make_silent", "one_landmark:make_drifting"))
+    config.write_text(config.read_text().replace("one_landmark:make_silent", "one_landmark:make_unknown"))
+    assert main(["check", str(config), "--play", "1"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "[episode_goals]" in err and "returned ['covered_9']; expected a non-empty list of the task graph's goals" \
+        in err, err
+    config.write_text(config.read_text().replace("one_landmark:make_unknown", "one_landmark:make_drifting"))
     assert main(["check", str(config), "--play", "1"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "[determinism]" in err and "with the same seed, episode_goals() after reset was" in err, err

@@ -1109,10 +1109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         text = " ".join(str(exc).split())
         text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + "… (cut; --debug shows all)"
-        from gyre_ma.options.errors import UserCodeError
-
-        if args.command in ("train", "eval") and isinstance(exc, UserCodeError) and (
-                text.startswith("sub-policy") or ".step (step" in text.split(" raised ")[0]):
+        if args.command in ("train", "eval") and getattr(exc, "playable", False):
             text += " (to play on through a rare fault like this one, set backend.on_fault: continue)"
         if args.command == "train" and isinstance(exc, OSError) and exc.errno in _STORAGE_FULL_OR_LOCKED:
             text += ("; the run keeps every iteration it completed: make room (or make the run root writable) "

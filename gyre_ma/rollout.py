@@ -448,6 +448,7 @@ def play_episode(
                     except Exception as exc:
                         fault = UserCodeError(f"sub-policy {callable_name(run.policy)} of option "
                                               f"{run.option.name!r} (agent {a!r})", exc)
+                        fault.playable = True
                         if on_fault != "continue":
                             raise fault from exc
                     finally:
@@ -461,6 +462,7 @@ def play_episode(
                             actions[a] = checks[a](action, run.option.name, run.policy)
                             continue
                         except UserCodeError as exc:  # an action the env cannot take
+                            exc.playable = True
                             if on_fault != "continue":
                                 raise
                             fault = exc
@@ -486,12 +488,14 @@ def play_episode(
             try:
                 observations, rewards, terms, truncs, _ = env.step(actions)
             except Exception as exc:
-                if getattr(exc, "never_played_through", False) or (on_fault != "continue"
-                                                                   and isinstance(exc, UserCodeError)):
-                    raise  # as it is, its cause (the user's exception) kept; a check's finding, always
+                if getattr(exc, "never_played_through", False):
+                    raise  # a check's finding, always
                 fault = exc if isinstance(exc, UserCodeError) else UserCodeError(
                     f"environment {_env_name(env)}.step (step {step})", exc)
+                fault.playable = True
                 if on_fault != "continue":
+                    if fault is exc:
+                        raise  # as it is, its cause (the user's exception) kept
                     raise fault from exc
                 _faulted(traj, f"environment {_env_name(env)}.step", fault, seed, step)
                 traj.cut_by_fault = True

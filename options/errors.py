@@ -25,6 +25,10 @@ _LIBRARY_DIRS = tuple({str(Path(p).resolve()) for key in ("stdlib", "platstdlib"
 class UserCodeError(ValueError):
     """An exception raised inside user-supplied code; ``what`` names the call."""
 
+    playable = False
+    """Whether it is a fault an episode can play on through (a sub-policy's, an env step's):
+    with ``backend.on_fault: continue`` it ends its call or episode rather than the run."""
+
     def __init__(self, what: str, error: BaseException) -> None:
         self.what, self.error = what, error
         text = " ".join(str(error).split())

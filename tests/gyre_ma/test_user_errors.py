@@ -197,6 +197,7 @@ def test_train_reports_a_users_broken_rule_in_one_line_with_exit_2(tmp_path, mon
     err = capsys.readouterr().err
     assert "rule 'budget_left' (episode_end) check userlib.done_by_budget" in err
     assert "unknown state key 'budget'" in err and "userlib.py:3" in err
+    assert "on_fault" not in err  # a rule's error is no fault to play on through
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     # the failed run let go of its lock: the same process can train the run again
     (tmp_path / "userlib.py").write_text("def done_by_budget(ctx):\n    return ctx.trajectory.calls[99]\n")

@@ -403,9 +403,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             raise
         write_text(run_dir / "config.yaml", dump_config(config))
         if (run_dir / ERROR_FILE).is_file():  # an earlier attempt's errors stay, marked as such
-            with (run_dir / ERROR_FILE).open("a") as f:
-                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())} a fresh run started here; "
-                        "the errors above are an earlier attempt's\n")
+            _append_error(run_dir, "a fresh run started here; the errors above are an earlier attempt's")
         if gyre.learns and config.manager.kind != "llm":  # the untrained manager, for eval
             save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
     first = gyre.next_iteration
@@ -611,7 +609,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.checkpoints import load_checkpoint
     from gyre_ma.config import code_references, parse_config
     from gyre_ma.files import write_json
-    from gyre_ma.metrics import episode_metrics, goal_metrics, out_of_order, wilson_interval
+    from gyre_ma.metrics import episode_metrics, goal_metrics, out_of_order, wilson_interval, with_goal
     from gyre_ma.player import Player
     from gyre_ma.roles import check_held_out_seeds, evaluation_tasks
 
@@ -706,7 +704,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for col in ("goal", "episodes", "verified completion", "steps to the goal (successes)"):
             by_goal.add_column(col, justify="left" if col == "goal" else "right")
         for g in player.library.graph.goals:
-            had = [t for t in trajectories if g in (t.goals or player.library.graph.goals)]
+            had = with_goal(trajectories, g, player.library.graph.goals)
             won = [t.length for t in had if t.success]
             low, high = wilson_interval(len(won), len(had)) if had else (float("nan"), float("nan"))
             by_goal.add_row(g, str(len(had)), f"{len(won) / len(had):.1%} (95 % CI {low:.1%}–{high:.1%})" if had
@@ -1130,14 +1128,18 @@ def _record_error(run_dir: Path, gyre: Any, exc_type: Any, exc: BaseException | 
         return False
     text = (" ".join(str(exc).split()) if _user_error(exc)
             else "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    _append_error(run_dir, f"iteration {gyre.next_iteration + 1} of {gyre.config.train.iterations} (as the progress "
+                           f"line counts): {type(exc).__name__}: {text}")
+    return False
+
+
+def _append_error(run_dir: Path, text: str) -> None:
+    """Append one entry, stamped with the local time, to the run's :data:`ERROR_FILE`."""
     try:
         with (run_dir / ERROR_FILE).open("a") as f:
-            f.write(f"{stamp} iteration {gyre.next_iteration + 1} of {gyre.config.train.iterations} (as the progress "
-                    f"line counts): {type(exc).__name__}: {text}\n")
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())} {text}\n")
     except OSError:
         pass  # a full disk or a read-only run root: the error itself still reaches stderr
-    return False
 
 
 def _import_from(folder: Path) -> None:

@@ -76,11 +76,16 @@ def goal_metrics(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> di
         return {}
     out: dict[str, float] = {}
     for g in goals:
-        had = [t for t in trajectories if g in (t.goals or goals)]
+        had = with_goal(trajectories, g, goals)
         out[f"goal/{g}/episode_share"] = len(had) / max(len(trajectories), 1)
         out[f"goal/{g}/success_rate"] = float(np.mean([t.success for t in had])) if had else math.nan
         out[f"goal/{g}/episode_length"] = float(np.mean([t.length for t in had])) if had else math.nan
     return out
+
+
+def with_goal(trajectories: Sequence[Trajectory], goal: str, goals: Sequence[str]) -> list[Trajectory]:
+    """The ``trajectories`` whose episode had ``goal``: its own goals, else the graph's ``goals``."""
+    return [t for t in trajectories if goal in (t.goals or goals)]
 
 
 def counted_success_rate(trajectories: Sequence[Trajectory]) -> float:

@@ -265,7 +265,8 @@ class Gyre:
                 faulted.setdefault(c.option, []).append(c.termination is Termination.FAULT)
         for option, ends in faulted.items():
             if len(ends) >= 8 and all(ends):
-                example = next(f for t in trajectories for f in t.faults if repr(self.library[option].name) in f)
+                example = next((f for t in trajectories for f in t.faults if repr(self.library[option].name) in f),
+                               "see the warnings")  # a fault's line names its option
                 raise ValueError(f"iteration {i}: every one of option {self.library[option].name!r}'s {len(ends)} "
                                  f"calls faulted, e.g. {example}: backend.on_fault: continue plays on through a "
                                  "flaky fault, not one on every call; fix it")

@@ -40,11 +40,13 @@ class Featurizer:
     """Decision → manager input: the flat observation scaled into [0, 1], achieved-milestone
     bits, last option (one-hot, with a slot for "none yet"), with several agents the share
     of the other agents running each option (``Decision.others``: what a shared manager
-    needs to split work between agents that look alike), the time fraction, and where
-    options have ``features`` (:attr:`~gyre_ma.options.option.Option.features`) every
-    option's own, option by option (:attr:`option_features` each; zeros for an option
-    without), last. They are a function of the observation, so a recorded call is
-    featurised again exactly as it was decided.
+    needs to split work between agents that look alike), the time fraction, where episodes
+    have their own goals (``goals``: the graph's, given where the env says each episode's)
+    a bit per goal, set for the episode's (``Decision.goals``), and where options have
+    ``features`` (:attr:`~gyre_ma.options.option.Option.features`) every option's own,
+    option by option (:attr:`option_features` each; zeros for an option without), last.
+    They are a function of the decision's fields, so a recorded call is featurised again
+    exactly as it was decided.
 
     Narrow dimensions (tile ids, vitals, flags: span ≤ ``log_span``) scale linearly. Wide
     ones are counts (an inventory bounded by 255), where the few units that decide a recipe
@@ -53,7 +55,8 @@ class Featurizer:
 
     log_span = 32.0
 
-    def __init__(self, observation_space: gym.Space, library: OptionLibrary, n_agents: int = 1) -> None:
+    def __init__(self, observation_space: gym.Space, library: OptionLibrary, n_agents: int = 1, *,
+                 goals: Sequence[str] = ()) -> None:
         self.view = NumericView(observation_space)
         self._others = 1.0 / (n_agents - 1) if n_agents > 1 else 0.0
         """Weight of one other agent in the others slots; no slots for one agent."""
@@ -71,10 +74,13 @@ class Featurizer:
         self._others_at = self.obs_dim + len(self.milestones) + self.n_options + 1
         self.time_column = self._others_at + (self.n_options if self._others else 0)
         """The column of the time fraction."""
+        self.goals = tuple(goals)
+        """The goals whose bits follow the time fraction (the episode's set); (): no such bits."""
+        self._goal_index = {g: i for i, g in enumerate(self.goals)}
         self._featured = [(i, opt) for i, opt in enumerate(library) if opt.features is not None]
         self.option_features = self._feature_size(observation_space) if self._featured else 0
         """Length of each option's own features; 0 where no option has ``features``."""
-        self.options_at = self.time_column + 1
+        self.options_at = self.time_column + 1 + len(self.goals)
         """Where the options' features start: ``n_options`` rows of :attr:`option_features`."""
         self.dim = self.options_at + self.n_options * self.option_features
         self._milestone_index = {m: i for i, m in enumerate(self.milestones)}
@@ -99,6 +105,8 @@ class Featurizer:
                 for option in d.others:
                     out[row, self._others_at + option] += self._others
         out[:, self.time_column] = [d.time_fraction for d in items]
+        if self.goals:
+            out[:, self.time_column + 1:self.options_at] = [self._goal_bits(d.goals) for d in items]
         if self.option_features:
             out[:, self.options_at:] = self._option_block(items).reshape(n, -1)
         return out
@@ -148,6 +156,17 @@ class Featurizer:
                                      f"agent {d.agent!r}: {values.tolist()}")
                 block[row, i] = values
         return block
+
+    def _goal_bits(self, goals: Sequence[str]) -> np.ndarray:
+        """The goal bits of an episode's goals (() or None: every goal)."""
+        bits = np.zeros(len(self.goals), dtype=np.float32)
+        if not goals:
+            bits[:] = 1.0
+        for g in goals:
+            i = self._goal_index.get(g)
+            if i is not None:
+                bits[i] = 1.0
+        return bits
 
     def _bits(self, achieved: frozenset[str]) -> np.ndarray:
         """The milestone bits of a verified set (cached: a rollout's decisions share few sets)."""

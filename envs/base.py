@@ -100,6 +100,12 @@ class NumericView:
         return np.stack([self(o) for o in observations])
 
 
+def declares_goals(env: Any) -> bool:
+    """Whether ``env``'s episodes may each have their own goals: it has an ``episode_goals``
+    method, and where it is an adapter, the user's code behind it (``goals_source``)."""
+    return callable(getattr(env, "episode_goals", None)) and getattr(env, "goals_source", True) is not None
+
+
 def episode_goals(env: Any, graph: TaskGraph, seed: int) -> tuple[str, ...]:
     """The goals of the episode ``env`` was just reset to, where they change per episode:
     what ``env.episode_goals()`` returns (some of ``graph``'s goals, in the graph's order),

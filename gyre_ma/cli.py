@@ -428,7 +428,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                 session_seconds += metrics["iteration_seconds"]
                 rate = f" ({(metrics['env_steps'] - before) / max(metrics['iteration_seconds'], 1e-9):,.0f}/s)"
                 monitor.log(metrics, step=int(metrics["env_steps"]))  # iteration is a column
-                monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng)
+                monitor.spot_check(i, trajectories, gyre.library, config.monitor.spot_checks, spot_rng,
+                                   config.credit.gamma)
                 progress.update(task, advance=1, steps=int(metrics["env_steps"]), rate=rate,
                                 success=_success_line(metrics))
                 if not live and not args.quiet:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -736,22 +737,32 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return next((m for arg in get_args(annotation) if (m := _model_in(arg)) is not None), None)
 
 
+def _section_of(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The config section (model) that the key path ``loc`` leads into; None past a plain value."""
+    section: Any = model
+    for part in loc:
+        if isinstance(part, int):  # an item of a list (rewards.rules.0): its type is the section already
+            continue
+        field = section.model_fields.get(part)
+        section = _model_in(field.annotation) if field is not None else None
+        if section is None:
+            return None
+    return section
+
+
 def _format_error(err: dict[str, Any], model: type[BaseModel]) -> str:
     path = ".".join(str(p) for p in err["loc"]) or "<root>"
     if err["type"] == "extra_forbidden":
-        section: Any = model
-        for part in err["loc"][:-1]:
-            if isinstance(part, int):  # an item of a list (rewards.rules.0): its type is the section already
-                continue
-            field = section.model_fields.get(part)
-            section = _model_in(field.annotation) if field is not None else None
-            if section is None:
-                break
-        accepted = sorted(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
+        section = _section_of(model, err["loc"][:-1])
+        accepted = sorted(section.model_fields) if section is not None else []
         return f"unknown key '{path}'; accepted keys here: {accepted}"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
-        return f"'{path}': required key is missing"
+        section = _section_of(model, err["loc"][:-1]) if err["loc"] else None
+        field = section.model_fields.get(err["loc"][-1]) if section is not None else None
+        what = " ".join((field.description or "").replace("``", "").split()) if field is not None else ""
+        what = re.split(r"(?<=\.)\s+(?=[A-Z])", what)[0].rstrip(".")  # its first sentence
+        return f"'{path}': required key is missing" + (f" ({what})" if what else "")
     if not err["loc"]:  # a check across sections: the message names the keys and values
         return msg
     got = repr(err["input"])

@@ -129,6 +129,7 @@ class ExperimentSpec(_Spec):
     seeds: int | list[int] = 3
     """Run seeds (``seed``): a count (0 .. n-1) or a list."""
     budget: Budget
+    """Every run's training budget, e.g. ``budget: {iterations: 30}``."""
     report: ReportSpec = Field(default_factory=ReportSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
 

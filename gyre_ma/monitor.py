@@ -89,11 +89,12 @@ class Monitor:
             os.close(fd)
 
     def spot_check(self, iteration: int, trajectories: list, library: Any, n: int,
-                   rng: np.random.Generator) -> Path | None:
+                   rng: np.random.Generator, gamma: float = 0.99) -> Path | None:
         """Dump ``n`` random trajectories as readable Markdown: per agent, the options in
         order with their length, the env's own reward over the call, what the learner was
         paid for it (the arbitrated reward it backs up: milestones, rules, outcome; the env's
-        only as ``rewards.env_reward`` weighs it), the milestones and why it ended."""
+        only as ``rewards.env_reward`` weighs it; ``gamma``: the run's ``credit.gamma``), the
+        milestones and why it ended."""
         if n <= 0 or not trajectories:
             return None
         folder = self.run_dir / "spot_checks"
@@ -103,8 +104,8 @@ class Monitor:
                  "*paid*: the arbitrated reward the call backs up (milestones, rules, outcome; the env's own only as "
                  "`rewards.env_reward` weighs it), discounted inside the call by `credit.gamma` a step: a milestone's "
                  "part to the step it was verified at, the rest to the call's last step (a milestone worth 1 verified "
-                 f"at the call's 21st step pays {0.995 ** 20:.3f} with gamma 0.995); *env reward*: the env's own, "
-                 "summed over the call.", ""]
+                 f"at the call's 21st step pays {gamma ** 20:.3f} with this run's gamma {gamma:g}); *env reward*: the "
+                 "env's own, summed over the call.", ""]
         for k in sorted(int(p) for p in picks):
             t = trajectories[k]
             verdict = ("**verified success, vetoed by a guard rule** (the learner counts it a failure)"

@@ -65,6 +65,8 @@ class OptionCall:
     """The options the other agents were running when this one was chosen (Decision.others)."""
     breakdown: Any = None
     """The arbitrated RewardBreakdown once the evaluator scored it; ``reward`` is then its total."""
+    goals: tuple[str, ...] = ()
+    """The episode's goals, where the env sets them per episode (Decision.goals); (): the graph's."""
 
     @property
     def option_terminated(self) -> bool:
@@ -385,7 +387,7 @@ def play_episode(
         if not np.count_nonzero(mask):  # ndarray.any costs four times as much on a mask this small
             return None
         return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others,
-                        last_end[agent])
+                        last_end[agent], traj_goals)
 
     def start(d: Decision, choice: Choice, step: int) -> _Running:
         """The call ``choice`` starts for decision ``d``."""
@@ -397,7 +399,7 @@ def play_episode(
             agent=d.agent, agent_index=d.agent_index, option=choice.option, observation=d.observation, mask=mask,
             achieved=d.achieved, last_option=d.last_option, time_fraction=d.time_fraction,
             log_prob=choice.log_prob, value=choice.value, start_step=step, policy_version=policy_version,
-            task_seed=seed, state=_global_state(env) if record_state else None, others=d.others,
+            task_seed=seed, state=_global_state(env) if record_state else None, others=d.others, goals=d.goals,
         )
         traj.calls.append(call)
         last[d.agent] = choice.option
@@ -763,6 +765,7 @@ def trajectory_to_state(traj: Trajectory) -> dict[str, Any]:
         d["achieved"] = sorted(c.achieved)
         d["milestones"] = list(c.milestones)
         d["others"] = list(c.others)
+        d["goals"] = list(c.goals)
         d["termination"] = c.termination.value if c.termination is not None else None
         d["breakdown"] = _plain(c.breakdown)
         calls.append(d)
@@ -786,6 +789,7 @@ def trajectory_from_state(state: dict[str, Any]) -> Trajectory:
         d["achieved"] = frozenset(d["achieved"])
         d["milestones"] = tuple(d["milestones"])
         d["others"] = tuple(d.get("others", ()))
+        d["goals"] = tuple(d.get("goals", ()))
         d["termination"] = Termination(d["termination"]) if d["termination"] is not None else None
         d["breakdown"] = _revive(d["breakdown"])
         calls.append(OptionCall(**d))

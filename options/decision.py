@@ -37,6 +37,9 @@ class Decision:
     decided earlier in this step included; agents between options left out)."""
     last_termination: Termination | None = None
     """How this agent's previous call ended (None before its first)."""
+    goals: tuple[str, ...] = ()
+    """This episode's goals, where the env sets them per episode (``env.episode_goals()``);
+    (): the task graph's."""
 
 
 @dataclass(frozen=True)

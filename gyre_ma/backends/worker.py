@@ -15,6 +15,7 @@ from gyre_ma.agents.flat import primitive_library
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, StateScaler
 from gyre_ma.agents.noise import PolicyActor
 from gyre_ma.backends.engine import EpisodeFault, play_many
+from gyre_ma.envs.base import declares_goals
 from gyre_ma.envs.registry import make_env, make_library, make_oracle
 from gyre_ma.options.decision import Choice, Decision, Manager
 from gyre_ma.options.library import OptionLibrary
@@ -151,7 +152,7 @@ class RolloutKit:
     def _build_modules(self, config: Any, agents: list[str]) -> None:
         """Featurizer, policy and critic shaped as the learner's."""
         m = config.manager
-        self.featurizer = Featurizer(self.env.observation_space(agents[0]), self.library, len(agents))
+        self.featurizer = self._featurizer(agents)
         if m.kind == "llm":
             from gyre_ma.llm.manager import LLMManagerPolicy
 
@@ -167,6 +168,13 @@ class RolloutKit:
         self.critic = Critic(inputs, len(agents), hidden=m.hidden, layers=m.layers,
                              agent_embedding=m.agent_embedding)
 
+    def _featurizer(self, agents: list[str]) -> Featurizer:
+        """The manager's featurizer: with a bit per goal where the env says each episode's
+        goals and the graph has several."""
+        goals = self.library.graph.goals
+        return Featurizer(self.env.observation_space(agents[0]), self.library, len(agents),
+                          goals=goals if len(goals) > 1 and declares_goals(self.env) else ())
+
     @property
     def learns(self) -> bool:
         return self.policy is not None
@@ -177,7 +185,7 @@ class RolloutKit:
         if self.learns:
             return self.featurizer, self.policy, self.critic
         agents = self.env.possible_agents
-        featurizer = Featurizer(self.env.observation_space(agents[0]), self.library, len(agents))
+        featurizer = self._featurizer(agents)
         policy = ManagerPolicy(featurizer.dim, len(self.library), len(agents),
                                option_features=featurizer.option_features)
         return featurizer, policy, Critic(featurizer.dim, len(agents))

@@ -60,10 +60,10 @@ TIME_BINS = 10
 class DecisionText:
     """A decision (or a recorded call: the same fields) → the manager's prompt.
 
-    One line each: the task's goals, the agent, the time used (in tenths), the verified
-    milestones, the agent's last option, the options the other agents run, the eligible
-    options (with their descriptions), then :data:`CUE`. ``render`` (a decision → text)
-    adds a line (e.g. the observation as text)."""
+    One line each: the task's goals (the episode's, where the env says them), the agent,
+    the time used (in tenths), the verified milestones, the agent's last option, the options
+    the other agents run, the eligible options (with their descriptions), then :data:`CUE`.
+    ``render`` (a decision → text) adds a line (e.g. the observation as text)."""
 
     def __init__(self, library: OptionLibrary, *, descriptions: bool = True,
                  render: Callable[[Any], str] | None = None) -> None:
@@ -80,7 +80,8 @@ class DecisionText:
             options = " ; ".join(names[k] for k in eligible)
         else:
             options = " ; ".join(f"{names[k]} : {self.descriptions[k]}".strip(" :") for k in eligible)
-        lines = [f"task : {self.goals}", f"agent : {d.agent}", f"time : {time} / {TIME_BINS}",
+        goals = " , ".join(d.goals) if d.goals else self.goals
+        lines = [f"task : {goals}", f"agent : {d.agent}", f"time : {time} / {TIME_BINS}",
                  "verified : " + (" , ".join(sorted(d.achieved)) or "none"),
                  "last : " + (names[d.last_option] if d.last_option >= 0 else "none"),
                  "others : " + (" , ".join(names[k] for k in d.others) or "none")]

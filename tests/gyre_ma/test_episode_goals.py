@@ -83,6 +83,10 @@ ONE_LANDMARK = textwrap.dedent("""
 
     def make_drifting():
         return Drifting()
+
+
+    def make_plain():
+        return CoverageEnv()
 """)
 
 
@@ -190,3 +194,41 @@ def test_train_logs_and_eval_tables_each_goal_and_check_wants_them_seeded(user_e
     assert main(["check", str(config), "--play", "1"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "[determinism]" in err and "with the same seed, episode_goals() after reset was" in err, err
+
+
+def test_the_manager_sees_each_episodes_goals_where_the_observation_does_not(user_env):
+    """OneLandmark's observation does not say which landmark the episode wants: the MLP
+    manager's features hold a bit per goal, set for the episode's (a recorded call's as it was
+    decided, through a checkpoint and a pickle too), and the LLM manager's prompt names them."""
+    import pickle
+
+    from gyre_ma.backends.worker import RolloutKit
+    from gyre_ma.config import parse_config
+    from gyre_ma.envs.base import declares_goals
+    from gyre_ma.llm.manager import DecisionText
+    from gyre_ma.rollout import trajectory_from_state, trajectory_to_state
+
+    def kit(make):
+        return RolloutKit.from_config(parse_config({
+            "env": {"id": f"one_landmark:{make}"}, "library": "gyre_ma.envs.coverage.options:make_library"}))
+
+    seen, plain = kit("make").featurizer, kit("make_plain").featurizer
+    assert seen.goals == GOALS and seen.dim == plain.dim + 3 and plain.goals == ()
+    env, library = user_env.make(), make_library()
+    text = DecisionText(library)
+    for seed in range(6):
+        t = run_episode(env, library, RandomManager(seed), seed=seed)
+        assert t.calls and all(c.goals == t.goals for c in t.calls)
+        bits = seen.many(t.calls)[:, seen.time_column + 1:seen.options_at]
+        assert (bits == [[float(g in t.goals) for g in GOALS]]).all()
+        for again in (trajectory_from_state(trajectory_to_state(t)), pickle.loads(pickle.dumps(t))):
+            assert (seen.many(again.calls) == seen.many(t.calls)).all()
+        assert f"task : {t.goals[0]}\n" in text(t.calls[0])
+    every = run_episode(CoverageEnv(), library, RandomManager(0), seed=0).calls[0]
+    assert "task : covered_0 , covered_1 , covered_2\n" in text(every)
+    assert (seen.many([every])[:, seen.time_column + 1:seen.options_at] == 1).all()  # the graph's goals: all
+
+    assert declares_goals(from_pettingzoo(CoverageEnv(), milestones=None, graph=task_graph(),
+                                          episode_goals=lambda raw: None))
+    assert not declares_goals(from_pettingzoo(CoverageEnv(), milestones=None, graph=task_graph()))
+    assert declares_goals(from_pettingzoo(user_env.make(), milestones=None, graph=task_graph()))  # the env's own method

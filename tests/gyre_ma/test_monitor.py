@@ -158,17 +158,18 @@ def test_spot_checks_show_the_envs_reward_and_what_the_learner_was_paid_apart(tm
                           policy_version=3, task_seed=7)
         call.raw_reward, call.reward, call.duration, call.termination = raw, paid, 10, Termination.DONE
         traj.calls.append(call)
-    path = Monitor(tmp_path).spot_check(0, [traj], library, 1, np.random.default_rng(0))
+    path = Monitor(tmp_path).spot_check(0, [traj], library, 1, np.random.default_rng(0), gamma=0.995)
     text = path.read_text()
     assert "env reward 2; paid to the learner 0.25;" in text
-    assert "at the call's 21st step pays 0.905 with gamma 0.995" in text  # what *paid* is (a user asked why 0.904)
+    assert "at the call's 21st step pays 0.905 with this run's gamma 0.995" in text  # what *paid* is (a user asked)
     assert "| agent | step | option | steps | env reward | paid | milestones | ended by |" in text
     assert f"| a | 0 | {library[0].name} | 10 | 1 | 0.25 |  | done |" in text
     assert f"| a | 10 | {library[1].name} | 10 | 1 | 0 |  | done |" in text
     assert "## Trajectory 0 — task seed 7, policy v3" in text
     traj.goals = (library.graph.goals[0],)  # an episode with its own goals says them
-    text = Monitor(tmp_path).spot_check(1, [traj], library, 1, np.random.default_rng(0)).read_text()
+    text = Monitor(tmp_path).spot_check(1, [traj], library, 1, np.random.default_rng(0), gamma=0.99).read_text()
     assert f"## Trajectory 0 — task seed 7, goals {library.graph.goals[0]}, policy v3" in text
+    assert "pays 0.818 with this run's gamma 0.99" in text  # the run's own, not quickstart's (a user's run read 0.995)
 
 
 def test_plot_draws_the_held_out_validation_beside_the_training_episodes(tmp_path, monkeypatch):

@@ -375,6 +375,10 @@ def test_damaged_run_files_and_misfit_checkpoints_are_one_error_naming_the_file(
     misspelt.write_text("name: x\nbase: base.yaml\nvarients: {a: {}}\n")
     assert main(["check", str(misspelt)]) == 2
     assert "'variants': required key is missing" in capsys.readouterr().err
+    misspelt.write_text("name: x\nbase: base.yaml\nvariants: {a: {}}\n")  # a missing key says what it wants
+    assert main(["check", str(misspelt)]) == 2
+    assert "'budget': required key is missing (Every run's training budget, e.g. budget: {iterations: 30})" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("which, value", [("initiation", "yes"), ("initiation", None), ("failure", 0),

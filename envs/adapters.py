@@ -19,7 +19,7 @@ own claim.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -342,6 +342,74 @@ class _SingleAgentParallel(ParallelEnv):
         return self._gym.unwrapped
 
 
+class _TupleAgentsParallel(ParallelEnv):
+    """A multi-agent Gymnasium env as a ParallelEnv: one whose observation and action spaces
+    are ``Tuple`` spaces with an entry per agent, as Level-Based Foraging, RWARE and ma-gym's are.
+
+    Agent i's observation and action are entry i; the env's reward is a list with an entry
+    per agent (or one number, every agent's); ``terminated`` / ``truncated`` a bool for every
+    agent or a list. The episode ends when the env's flag is true, or, a list, when every
+    entry is: until then every agent stays and acts (the env takes an action from each)."""
+
+    def __init__(self, env: gymnasium.Env, agents: Sequence[str]) -> None:
+        name = env.spec.id if getattr(env, "spec", None) is not None else type(env.unwrapped).__name__
+        for what in ("observation_space", "action_space"):
+            space = getattr(env, what)
+            if not isinstance(space, spaces.Tuple) or len(space) != len(agents):
+                raise ValueError(f"from_gymnasium(agents={len(agents)}): {name}'s {what} is {space!r:.200}; "
+                                 f"expected a Tuple with one entry per agent ({len(agents)}), the multi-agent "
+                                 "Gymnasium form (a PettingZoo env takes from_pettingzoo)")
+        self._gym = env
+        self.possible_agents = list(agents)
+        self.agents: list[str] = []
+        self.metadata = dict(getattr(env, "metadata", None) or {}) | {"name": name}
+        self.spec = getattr(env, "spec", None)
+        self.render_mode = getattr(env, "render_mode", None)
+
+    def _split(self, values: Any, what: str) -> list[Any]:
+        """An entry per agent of the env's ``what`` (a list of them, or one value for all)."""
+        n = len(self.possible_agents)
+        if isinstance(values, (list, tuple, np.ndarray)) and not (isinstance(values, np.ndarray) and values.ndim == 0):
+            if len(values) != n:
+                raise ValueError(f"{self.metadata['name']}.step returned {what} {values!r:.120} of {len(values)} "
+                                 f"entries; expected one per agent ({n}) or one value for every agent")
+            return list(values)
+        return [values] * n
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        obs, info = self._gym.reset(seed=seed, options=options)
+        self.agents = list(self.possible_agents)
+        obs = self._split(obs, "observations")
+        return dict(zip(self.agents, obs)), {a: info for a in self.agents}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        agents = self.possible_agents
+        obs, rewards, terminated, truncated, info = self._gym.step(tuple(actions[a] for a in agents))
+        ends = [all(bool(x) for x in self._split(flag, what)) for flag, what in
+                ((terminated, "terminated"), (truncated, "truncated"))]
+        if any(ends):
+            self.agents = []
+        return (dict(zip(agents, self._split(obs, "observations"))), dict(zip(agents, self._split(rewards, "rewards"))),
+                dict.fromkeys(agents, ends[0]), dict.fromkeys(agents, ends[1] and not ends[0]),
+                {a: info for a in agents})
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self._gym.observation_space[self.possible_agents.index(agent)]
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self._gym.action_space[self.possible_agents.index(agent)]
+
+    def render(self) -> Any:
+        return self._gym.render()
+
+    def close(self) -> None:
+        self._gym.close()
+
+    @property
+    def unwrapped(self) -> Any:
+        return self._gym.unwrapped
+
+
 def from_gymnasium(
     env_or_id: gymnasium.Env | str,
     *,
@@ -349,13 +417,18 @@ def from_gymnasium(
     graph: TaskGraph | Mapping[str, Any],
     max_cycles: int | None = None,
     agent: str = "agent_0",
+    agents: int | Sequence[str] | None = None,
     check_observations: bool = True,
     episode_goals: Callable[[Any], Any] | None = None,
+    milestone_agent: Callable[[Any, str], str | None] | None = None,
     **make_kwargs: Any,
 ) -> GyreAdapter:
     """A Gymnasium env (or registered id, built with ``gymnasium.make(id, **make_kwargs)``)
-    as a one-agent gyre environment whose agent is named ``agent``; ``episode_goals``: each
-    episode's goals, where they change (:class:`GyreAdapter`)."""
+    as a one-agent gyre environment whose agent is named ``agent``; or, with ``agents`` (a
+    count, named ``agent_0`` …, or the names), a multi-agent Gymnasium env whose spaces are
+    ``Tuple`` spaces with an entry per agent (:class:`_TupleAgentsParallel`). ``episode_goals``:
+    each episode's goals, where they change; ``milestone_agent``: who achieved a milestone
+    (:class:`GyreAdapter`)."""
     if isinstance(env_or_id, str):
         env = gymnasium.make(env_or_id, **make_kwargs)
     elif make_kwargs:
@@ -369,9 +442,19 @@ def from_gymnasium(
         raise TypeError(
             f"from_gymnasium: expected a gymnasium.Env or a registered env id, got {type(env_or_id).__name__}"
         )
+    if agents is None:
+        if milestone_agent is not None:
+            raise TypeError("from_gymnasium: milestone_agent is for several agents (agents=...); a one-agent env's "
+                            "milestones are its agent's")
+        parallel: ParallelEnv = _SingleAgentParallel(env, agent)
+    else:
+        names = [f"agent_{i}" for i in range(agents)] if isinstance(agents, int) else list(agents)
+        if not names or len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"from_gymnasium: agents must be a count >= 1 or distinct names, got {agents!r}")
+        parallel = _TupleAgentsParallel(env, names)
     return GyreAdapter(
-        _SingleAgentParallel(env, agent), milestones=milestones, graph=graph,
-        max_cycles=max_cycles, check_observations=check_observations, episode_goals=episode_goals,
+        parallel, milestones=milestones, graph=graph, max_cycles=max_cycles,
+        check_observations=check_observations, episode_goals=episode_goals, milestone_agent=milestone_agent,
     )
 
 

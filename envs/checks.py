@@ -409,9 +409,13 @@ class _Probe:
                     )
             r = rewards.get(agent, 0.0)
             if isinstance(r, bool) or not isinstance(r, (int, float, np.number)) or not math.isfinite(float(r)):
+                several = isinstance(r, (list, tuple, np.ndarray)) and np.ndim(r) == 1 and len(r) > 1
                 raise self._fail(
                     "step", f"reward for agent {agent!r} {self._when} is {r!r}, expected a finite number",
-                    "return a finite float reward per agent", agent=agent,
+                    "return a finite float reward per agent" + (
+                        "; a list of rewards, one per agent, is a multi-agent Gymnasium env's: adapt it with "
+                        f"from_gymnasium(env, agents={len(r)}, ...), which gives each agent its entry of the Tuple "
+                        "spaces, observations and rewards" if several else ""), agent=agent,
                 )
 
     def _check_state(self) -> None:

@@ -460,7 +460,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                 "success_rate", "episode_length", "episode_reward", "option_calls", "agents_lost", "env_steps",
                 "policy_version", "entropy", "kl", "checkpoint/rollbacks", "checkpoint/lr_scale"):
         if key in metrics:
-            table.add_row(key, f"{metrics[key]:.4g}")
+            table.add_row(key + (" (the env's own, summed)" if key == "episode_reward" else ""), f"{metrics[key]:.4g}")
     faults = {k: sum(row.get(k, 0.0) for row in monitor.history) for k in _FAULT_KEYS
               if any(k in row for row in monitor.history)}
     for key, total in faults.items():
@@ -694,8 +694,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(f"milestone {m}", f"{metrics[f'milestone/{m}']:.1%}")
     goals = goal_metrics(trajectories, player.library.graph.goals)  # where each episode has its own goals
     metrics |= goals
+    table.add_row("env reward per episode (the env's own, summed: episode_reward)", f"{metrics['episode_reward']:.4g}")
+    table.add_row("paid to the learner per episode (the arbitrated reward it backs up: reward/…)", "")
     for key in sorted(k for k in metrics if k.startswith("reward/")):
-        table.add_row(key.replace("/", " ", 1), f"{metrics[key]:.4g}")
+        table.add_row(f"  {_REWARD_LABELS.get(key, key.split('/', 1)[1])}", f"{metrics[key]:.4g}")
     console.print(table)
     if example is not None:
         console.print(f"milestones verified out of the task graph's order, e.g. {example}: {_OUT_OF_ORDER}",
@@ -771,6 +773,17 @@ def _mean_interval(values: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     interval = stratified_bootstrap(np.asarray(values, dtype=float)[:, None], mean, reps=2000, seed=0)
     return interval.low, interval.high
+
+
+_REWARD_LABELS = {
+    "reward/env": "env (the env's own × rewards.env_reward)",
+    "reward/total": "total",
+    "reward/total_failed": "total of the failed episodes",
+    "reward/removed": "removed by guard rules",
+    "reward/vetoed_episodes": "share of episodes a guard vetoed",
+    "reward/vetoed_successes": "share of episodes a guard vetoed that verified every goal",
+}
+"""``gyre-ma eval``'s names of the learner's reward parts (the others go by their part's name)."""
 
 
 def _ci_text(interval: tuple[float, float]) -> str:

@@ -323,8 +323,13 @@ class OptionLibrary:
         if isinstance(factory, OptionLibrary) or not callable(factory):
             library = factory
         else:
-            if env is not None and "env" not in kwargs and "env" in parameters_of(factory):
+            wants = parameters_of(factory).get("env")
+            if env is not None and "env" not in kwargs and wants is not None:
                 kwargs = {**kwargs, "env": env}
+            elif env is None and "env" not in kwargs and wants is not None and wants.default is wants.empty:
+                raise ValueError(f"library {text!r}: {callable_name(factory)} builds the library for an env (its "
+                                 "argument 'env') and none was given; pass a config that names the env and this "
+                                 "library instead (gyre-ma graph my_config.yaml, gyre-ma check my_config.yaml)")
             library = user_call(factory, f"library {text!r} (library_kwargs)", **kwargs)
         if not isinstance(library, OptionLibrary):
             raise ValueError(f"library: {text!r} gave {type(library).__name__}, expected an OptionLibrary")

@@ -180,6 +180,20 @@ def test_check_and_graph_of_a_library_take_its_variables_from_set(tmp_path, caps
     assert "--set train.iterations: a library file takes only library_kwargs.NAME=VALUE" in capsys.readouterr().err
 
 
+def test_graph_of_a_library_built_for_an_env_asks_for_the_config(tmp_path, capsys, monkeypatch):
+    """A session-55 user's ``gyre-ma graph lbf_task:make_library`` (``def make_library(env)``)
+    said the factory "rejected the arguments []"; passing the config worked."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "env_library.py").write_text("from gyre_ma.envs.coverage.options import make_library as made\n\n\n"
+                                             "def make_library(env):\n    return made()\n")
+    assert main(["graph", "env_library:make_library", "--out", str(tmp_path / "g.dot")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("library 'env_library:make_library': env_library.make_library builds the library for an env (its argument "
+            "'env') and none was given; pass a config that names the env and this library instead") in err
+    (tmp_path / "c.yaml").write_text("name: c\nenv: {id: coverage_v0}\nlibrary: 'env_library:make_library'\n")
+    assert main(["graph", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "g.dot")]) == 0
+
+
 def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_path):
     """``gyre-ma check keycorridor.yaml`` beside keycorridor.py said "No module named
     'keycorridor'" (a console script's path holds its own folder, not the current one);
@@ -212,9 +226,14 @@ def test_eval_plays_a_config_whose_manager_does_not_learn_without_a_run(tmp_path
     oracle = tmp_path / "oracle.yaml"
     oracle.write_text(f"name: oracle\nenv: {{id: coverage_v0}}\nmanager: {{kind: oracle}}\nrun_root: {tmp_path}\n")
     assert main(["eval", str(oracle), "--episodes", "20", "--json", str(tmp_path / "o.json")]) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "(manager oracle, nothing learned)" in out
     result = json.loads((tmp_path / "o.json").read_text())
+    # which reward each row is (a session-55 user read 'reward env 0' against the JSON's episode_reward 0.97)
+    assert f"env reward per episode (the env's own, summed: episode_reward) {result['episode_reward']:.4g}" in out
+    assert "paid to the learner per episode (the arbitrated reward it backs up: reward/…)" in out
+    assert f"env (the env's own × rewards.env_reward) {result['reward/env']:.4g}" in out
+    assert f"total {result['reward/total']:.4g}" in out
     assert result["success_rate"] > 0.9 and [e["task_seed"] for e in result["episodes"]][:2] == [1_000_000, 1_000_001]
     learned = tmp_path / "learned.yaml"
     learned.write_text(oracle.read_text().replace("manager: {kind: oracle}\n", "").replace("oracle", "learned"))

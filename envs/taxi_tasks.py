@@ -89,7 +89,7 @@ def make_taxi(*, max_cycles: int | None = None, observation: str = "state", **ma
         raise ValueError(f"make_taxi: observation must be 'state' or 'decoded', got {observation!r}")
     env = gymnasium.make(TAXI_ID, **make_kwargs)
     if observation == "decoded":
-        env = TransformObservation(env, lambda s: np.array(env.unwrapped.decode(s), dtype=np.int64),
+        env = TransformObservation(env, lambda s: np.array(list(env.unwrapped.decode(s)), dtype=np.int64),
                                    spaces.MultiDiscrete([5, 5, 5, 4]))
     return from_gymnasium(env, milestones={"picked_up": picked_up, "delivered": delivered},
                           graph=task_graph(), max_cycles=max_cycles)

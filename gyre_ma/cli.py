@@ -215,7 +215,7 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
 
     from gyre_ma.checks import check_setup
     from gyre_ma.envs.registry import make_env, make_oracle
-    from gyre_ma.rollout import short_of_goals
+    from gyre_ma.rollout import ended_by_env, short_of_goals
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
     cap = config.train.max_steps or getattr(env, "max_cycles", None) or 1000
@@ -255,6 +255,15 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     short = short_of_goals(played, goals)
     if short is not None:
         console.print(f"note: {short}", markup=False, soft_wrap=True)
+    lost = [t for t in played if not t.success and ended_by_env(t)]
+    if lost and short is None and (fixed or len(lost) == len(played)):  # a fixed manager is meant to reach them
+        t = lost[0]
+        their = "their" if t.goals else "the"
+        console.print(f"note: the env ended {len(lost)} of {len(played)} episodes before {their} goals were verified "
+                      f"(task seed {t.task_seed}, at step {t.length}: verified "
+                      f"{sorted(t.milestone_steps, key=t.milestone_steps.get) or 'nothing'}); where the env ended them "
+                      "at a goal rather than in a loss, that goal's detector does not see it", markup=False,
+                      soft_wrap=True)
     if report.unverifiable:
         console.print(f"taken on trust (no verifier or detector to re-check them): {list(report.unverifiable)}",
                       markup=False, soft_wrap=True)

@@ -12,7 +12,7 @@ import numpy as np
 from gyre_ma.config import CreditConfig
 from gyre_ma.credit import anchor_values
 from gyre_ma.rewards.milestones import calls_at_end, last_calls
-from gyre_ma.rollout import Trajectory
+from gyre_ma.rollout import Trajectory, ended_by_env
 from gyre_ma.training_batch import outcomes, verified_at
 
 
@@ -49,11 +49,10 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         out["faults/episodes_cut"] = sum(t.cut_by_fault for t in trajectories) / n
     # the other failures: the env ended the episode before the step cap (every agent
     # terminated: died, lost, ran out of its own time) or the step cap cut it
-    failed = [t for t in trajectories if not t.success and not t.dead_ends and not getattr(t, "timed_out", False)
-              and not t.cut_by_fault]
-    capped = sum(bool(t.horizon) and t.length >= t.horizon for t in failed)
-    out["failed_env_ended"] = (len(failed) - capped) / n
-    out["failed_step_cap"] = capped / n
+    failed = [t for t in trajectories if not t.success and not t.dead_ends and not t.timed_out and not t.cut_by_fault]
+    ended = sum(map(ended_by_env, failed))
+    out["failed_env_ended"] = ended / n
+    out["failed_step_cap"] = (len(failed) - ended) / n
     tools = [t.tool_calls for t in trajectories if t.tool_calls is not None]
     if tools:
         out["tool_calls"] = float(np.mean(tools))

@@ -659,6 +659,13 @@ def _unknown_agent(env: Any, agent: str, step: int) -> str:
             "(an agent that is done leaves env.agents)")
 
 
+def ended_by_env(t: Trajectory) -> bool:
+    """Whether the env itself ended ``t`` (every agent done), not the step cap, a dead end of
+    the library, a timeout or a fault; a success or not."""
+    return (not t.dead_ends and not t.timed_out and not t.cut_by_fault
+            and not (t.horizon and t.length >= t.horizon))
+
+
 def short_of_goals(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> str | None:
     """Where at least half of ``trajectories`` were ended by the env itself with some of the
     graph's ``goals`` verified but not all, the first such case in words; else None. That is
@@ -666,9 +673,7 @@ def short_of_goals(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> 
     them (``episode_goals()``): every episode is judged on all the goals."""
     if len(goals) < 2 or not trajectories or any(t.goals for t in trajectories):
         return None
-    ended = [t for t in trajectories
-             if not t.dead_ends and not t.timed_out and not t.cut_by_fault and not (t.horizon and t.length >= t.horizon)
-             and 0 < len(set(goals) & set(t.milestone_steps)) < len(goals)]
+    ended = [t for t in trajectories if ended_by_env(t) and 0 < len(set(goals) & set(t.milestone_steps)) < len(goals)]
     if 2 * len(ended) < len(trajectories):
         return None
     t = ended[0]

@@ -259,6 +259,42 @@ class TaskGraph:
                     stack.append(name)
         return frozenset(needed)
 
+    @property
+    def has_alternatives(self) -> bool:
+        """Whether some milestone has an ``any_of`` group."""
+        return any(m.any_of for m in self.milestones)
+
+    def remaining_pay(self, verified: Iterable[str], goals: Iterable[str] | None = None) -> float:
+        """The least filled-in reward (``implicit_rewards``, goals aside) that the goals
+        (``goals``, an episode's; by default the graph's) still need paid: the unverified
+        milestones they require, with each open ``any_of`` group taking the alternative whose
+        route (the alternative and what it requires) pays least. A milestone pays no more
+        than the drop it makes in this (:func:`gyre_ma.rewards.milestones.milestone_weights`),
+        so every route to the goals pays the same in total: a longer route is not paid more."""
+        done = frozenset(verified)
+        weight = {n: self.milestone(n).reward or 0.0 for n in self.implicit_rewards if n not in self.goals}
+
+        def with_required(names: Iterable[str], base: frozenset[str]) -> frozenset[str]:
+            out, stack = set(base), [n for n in names if n not in done]
+            while stack:
+                name = stack.pop()
+                if name not in out:
+                    out.add(name)
+                    stack.extend(r for r in self.milestone(name).requires if r not in done)
+            return frozenset(out)
+
+        memo: dict[frozenset[str], float] = {}
+
+        def least(needed: frozenset[str]) -> float:
+            if needed not in memo:
+                open_group = next((g for n in sorted(needed) for g in self.milestone(n).any_of
+                                   if not done.intersection(g) and not needed.intersection(g)), None)
+                memo[needed] = (sum(weight.get(n, 0.0) for n in needed) if open_group is None else
+                                min(least(with_required([alt], needed)) for alt in open_group))
+            return memo[needed]
+
+        return least(with_required(self.goals if goals is None else goals, frozenset()))
+
     def frontier(self, achieved: Iterable[str]) -> frozenset[str]:
         """Milestones not yet achieved whose prerequisites are all met."""
         done = frozenset(achieved)

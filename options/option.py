@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 class OptionContext:
     """What a sub-policy sees at each primitive step of one option call.
 
-    ``env`` is the environment being stepped (scripted options may read its state, as a
-    controller would; an adapter exposes the wrapped env as ``env.unwrapped``); neural
-    and LLM options use ``observation``. ``memory`` is scratch
-    space that lives for the option call (cached paths, retry counters).
+    ``agent``: the agent's name. ``env``: the environment being stepped (scripted options
+    may read its state, as a controller would; an adapter exposes the wrapped env as
+    ``env.unwrapped``). ``observation``: the agent's current observation (neural and LLM
+    options act on it). ``achieved``: the milestones verified so far in the episode.
+    ``steps``: primitive steps this call has taken. ``memory``: scratch space that lives for
+    the option call (cached paths, retry counters). ``rng``: the episode's generator, seeded
+    from its task seed (draw a sub-policy's randomness from it, so episodes replay).
     """
 
     agent: str

@@ -10,7 +10,9 @@ pay every agent), unless the env attributed the milestone to one agent
 (``Trajectory.milestone_agents``): then only that agent's call is. Milestones already
 holding at reset (step 0) pay nothing: nobody achieved them. A milestone whose reward the
 graph filled in (none given) pays only if the goals still needed it when it was verified
-(:func:`declined`): a second alternative of an ``any_of`` group does not.
+(:func:`declined`): a second alternative of an ``any_of`` group does not; and no more than
+its verification lowered the least reward the goals still needed, so that every route to the
+goals pays the same in total (:func:`milestone_weights`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,36 @@ def declined(trajectory: Trajectory, graph: TaskGraph) -> frozenset[str]:
     return frozenset(out)
 
 
+def milestone_weights(trajectory: Trajectory, graph: TaskGraph) -> dict[str, float]:
+    """What each milestone of ``trajectory`` (of ``graph``) pays where it was first verified,
+    before the scale: its reward where it was given; where the graph filled it in, its reward
+    while the goals still needed it (0 where :func:`declined`), and, where the graph has
+    ``any_of`` alternatives, no more than the drop its verification made in the least reward
+    the goals still needed (:meth:`~gyre_ma.options.graph.TaskGraph.remaining_pay`, of what
+    earlier steps verified). So each route to the goals pays the same in total: a session-55
+    user's vault opened by a key (fetch it, unlock) paid twice what kicking the door in paid,
+    and the learner kept the longer route; now fetching the key pays nothing while kicking is
+    as good, and unlocking pays what kicking would. A graph whose alternatives are single
+    milestones of one reward pays as before."""
+    weights = {m: graph.milestone(m).reward for m in trajectory.milestone_steps if m in graph}
+    unpaid = declined(trajectory, graph)
+    for m in unpaid:
+        weights[m] = 0.0
+    implicit = graph.implicit_rewards
+    if not graph.has_alternatives or not any(w > 0 and m in implicit for m, w in weights.items()):
+        return weights
+    goals = trajectory.goals or None
+    before: set[str] = set()
+    left, last = 0.0, None
+    for name, step in sorted(trajectory.milestone_steps.items(), key=lambda kv: (kv[1], kv[0])):
+        if step != last:  # milestones of one step are judged on what earlier steps verified
+            left, last = graph.remaining_pay(before, goals), step
+        if name in implicit and name not in graph.goals and weights.get(name, 0.0) > 0:
+            weights[name] = min(weights[name], max(left - graph.remaining_pay(before | {name}, goals), 0.0))
+        before.add(name)
+    return weights
+
+
 def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float = 1.0,
                       include_goals: bool = False) -> list[tuple[float, tuple[str, ...]]]:
     """Per call, the milestone reward and the milestones that paid it.
@@ -61,11 +93,11 @@ def milestone_rewards(trajectory: Trajectory, graph: TaskGraph, *, scale: float 
     the graph that is not the episode's (``trajectory.goals``) never pays.
     """
     out = []
-    unpaid = declined(trajectory, graph)
+    weights = milestone_weights(trajectory, graph)
     own = frozenset(trajectory.goals or graph.goals) if include_goals else frozenset()
     for names in first_verified(trajectory):
-        paid = tuple(m for m in names if m in graph and (m in own or m not in graph.goals) and m not in unpaid)
-        out.append((scale * sum(graph.milestone(m).reward for m in paid), paid))
+        paid = tuple(m for m in names if m in graph and (m in own or m not in graph.goals) and weights[m] > 0)
+        out.append((scale * sum(weights[m] for m in paid), paid))
     return out
 
 

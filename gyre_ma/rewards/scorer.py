@@ -26,7 +26,7 @@ from gyre_ma.rewards.alarms import Alarm, HackingMonitor
 from gyre_ma.rewards.arbiter import RewardConfig, check_prm_cap, score_trajectory
 from gyre_ma.rewards.breakdown import RewardBreakdown, summarize
 from gyre_ma.rewards.drift import DriftMonitor
-from gyre_ma.rewards.milestones import declined
+from gyre_ma.rewards.milestones import milestone_weights
 from gyre_ma.rewards.prm import ProcessRewardModel, prm_labels, prm_rewards
 from gyre_ma.rewards.rules import (
     Rule,
@@ -61,7 +61,7 @@ def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Se
     call's last step. ``gamma`` is ``credit.gamma``; 1 gives the plain total."""
     for traj, bds in zip(trajectories, breakdowns, strict=True):
         traj.vetoed = any(b.guard for b in bds)
-        unpaid = declined(traj, graph) if graph is not None else frozenset()
+        paying = milestone_weights(traj, graph) if graph is not None else {}
         for call, b in zip(traj.calls, bds, strict=True):
             call.breakdown = b  # type: ignore[attr-defined]
             if gamma == 1.0:
@@ -70,8 +70,7 @@ def apply_breakdowns(trajectories: Sequence[Trajectory], breakdowns: Sequence[Se
             at_end = gamma ** max(call.duration - 1, 0)
             at_milestones = at_end
             steps = {m: traj.milestone_steps[m] for m in call.milestones if m in traj.milestone_steps}
-            weights = {m: 0.0 if m in unpaid else graph.milestone(m).reward if graph is not None and m in graph else 1.0
-                       for m in steps}
+            weights = {m: paying.get(m, 0.0) if graph is not None and m in graph else 1.0 for m in steps}
             if b.milestone and sum(weights.values()) > 0:
                 at_milestones = sum(w * gamma ** max(steps[m] - call.start_step - 1, 0)
                                     for m, w in weights.items()) / sum(weights.values())

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,52 @@ def test_graph_of_a_library_built_for_an_env_asks_for_the_config(tmp_path, capsy
             "'env') and none was given; pass a config that names the env and this library instead") in err
     (tmp_path / "c.yaml").write_text("name: c\nenv: {id: coverage_v0}\nlibrary: 'env_library:make_library'\n")
     assert main(["graph", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "g.dot")]) == 0
+
+
+def test_check_notes_episodes_the_env_ended_with_the_goal_unseen(tmp_path, capsys, monkeypatch):
+    """A session-55 user's MiniHack goal detector never held: the env ended both of check's
+    episodes at the stairs, and check said "goals ['on_stairs'] not reached" and ok."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "door.py").write_text(textwrap.dedent("""
+        import gymnasium as gym
+        import numpy as np
+
+        from gyre_ma.envs.adapters import from_gymnasium
+        from gyre_ma.options import OptionLibrary, TaskGraph
+
+        SPEC = {"goals": ["out"], "milestones": {"walked": {}, "out": {"requires": ["walked"]}}}
+
+
+        class Door(gym.Env):
+            observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+
+            def reset(self, seed=None, options=None):
+                self.t = 0
+                return np.zeros(1, np.float32), {}
+
+            def step(self, action):
+                self.t += 1
+                return np.zeros(1, np.float32), 0.0, self.t >= 3, False, {}  # out of the door at step 3
+
+
+        def make():
+            return from_gymnasium(Door(), milestones={"walked": lambda e: e.t >= 1, "out": lambda e: False},
+                                  graph=SPEC)
+
+
+        def library():
+            lib = OptionLibrary("door", TaskGraph.from_spec(SPEC))
+            lib.option("walk", milestone="walked", max_steps=2)(lambda ctx: 0)
+            lib.option("leave", milestone="out", max_steps=5)(lambda ctx: 1)
+            return lib.validate()
+    """))
+    (tmp_path / "door.yaml").write_text("name: door\nenv: {id: 'door:make'}\nlibrary: 'door:library'\n")
+    assert main(["check", str(tmp_path / "door.yaml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("note: the env ended 2 of 2 episodes before the goals were verified (task seed 0, at step 3: verified "
+            "['walked']); where the env ended them at a goal rather than in a loss, that goal's detector does not "
+            "see it") in out
 
 
 def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_path):

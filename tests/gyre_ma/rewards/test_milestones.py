@@ -15,6 +15,7 @@ from gyre_ma.rewards.milestones import (
     first_verified,
     last_calls,
     milestone_rewards,
+    milestone_weights,
 )
 from gyre_ma.rollout import run_episode
 from tests.gyre_ma.rewards.conftest import call, trajectory
@@ -98,3 +99,36 @@ def test_a_filled_in_reward_pays_only_while_the_goals_still_need_its_milestone()
                                                                                         "reward": 0.5}}})
     assert declined(traj, given) == {"field"}  # farm's reward was given: it pays
     assert milestone_rewards(traj, given)[3] == (0.5, ("farm",))
+
+
+def test_every_route_to_the_goals_pays_the_same_in_total():
+    """A session-55 user's MiniHack vault opens by a key (fetch it, then unlock) or by a kick.
+    The key route paid two milestones, the kick one, and the learner kept the longer route: a
+    filled-in reward now pays no more than its verification lowers the least reward the goals
+    still need (``remaining_pay``), so each route pays the same in total; a given reward pays
+    as given."""
+    spec = {"goals": ["on_stairs"], "milestones": {
+        "got_key": {}, "door_unlocked": {"requires": ["got_key"]}, "door_kicked": {},
+        "vault_open": {"any_of": [["door_unlocked", "door_kicked"]], "side_effect": True},
+        "on_stairs": {"requires": ["vault_open"]}}}
+    graph = TaskGraph.from_spec(spec)
+    assert graph.remaining_pay(()) == 2.0  # the kick's route and the vault (the goal is the outcome's)
+    assert graph.remaining_pay({"got_key"}) == 2.0 and graph.remaining_pay({"door_kicked"}) == 1.0
+    calls = [call("agent_0", 10 * k, 10) for k in range(4)]
+    key = trajectory(calls, {"got_key": 5, "door_unlocked": 15, "vault_open": 15, "on_stairs": 25})
+    kick = trajectory(calls, {"door_kicked": 5, "vault_open": 5, "on_stairs": 15})
+    both = trajectory(calls, {"got_key": 5, "door_kicked": 15, "vault_open": 15, "on_stairs": 25})
+    assert milestone_weights(key, graph) == {"got_key": 0.0, "door_unlocked": 1.0, "vault_open": 1.0,
+                                             "on_stairs": 1.0}
+    assert milestone_weights(kick, graph) == {"door_kicked": 1.0, "vault_open": 1.0, "on_stairs": 1.0}
+    assert milestone_weights(both, graph)["got_key"] == 0.0
+    assert [sum(p for p, _ in milestone_rewards(t, graph)) for t in (key, kick, both)] == [2.0, 2.0, 2.0]
+    assert [names for _, names in milestone_rewards(key, graph)] == [(), ("door_unlocked", "vault_open"), (), ()]
+
+    given = TaskGraph.from_spec({**spec, "milestones": {**spec["milestones"], "got_key": {"reward": 0.5}}})
+    assert milestone_weights(key, given)["got_key"] == 0.5  # the user's own reward: paid whenever
+    hall = TaskGraph.from_spec({"goals": ["hall"], "milestones": {  # a route whose alternatives pay alike
+        "wood": {}, "campfire": {}, "farm": {}, "food": {"any_of": [["campfire", "farm"]]},
+        "hall": {"requires": ["food", "wood"]}}})
+    alike = trajectory(calls, {"farm": 5, "campfire": 15, "wood": 25, "food": 5})
+    assert milestone_weights(alike, hall) == {"farm": 1.0, "campfire": 0.0, "wood": 1.0, "food": 1.0}

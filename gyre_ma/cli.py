@@ -255,6 +255,9 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     short = short_of_goals(played, goals)
     if short is not None:
         console.print(f"note: {short}", markup=False, soft_wrap=True)
+    cut = [t for t in played if t.dead_ends]
+    if cut:
+        console.print(f"note: {_dead_ends(cut, len(played))}", markup=False, soft_wrap=True)
     lost = [t for t in played if not t.success and ended_by_env(t)]
     if lost and short is None and (fixed or len(lost) == len(played)):  # a fixed manager is meant to reach them
         t = lost[0]
@@ -421,7 +424,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
     session_steps = session_seconds = 0.0  # this session's iterations
-    said_stop = said_order = said_goals = False
+    said_stop = said_order = said_goals = said_dead = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps{task.fields[rate]} · {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -449,6 +452,11 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                 if short is not None:
                     said_goals = True
                     progress.console.print(f"warning: iteration {i}: {short}", markup=False, soft_wrap=True)
+                cut = [t for t in trajectories if t.dead_ends]
+                if cut and not said_dead:
+                    said_dead = True
+                    progress.console.print(f"warning: iteration {i}: {_dead_ends(cut, len(trajectories))} (metric "
+                                           "dead_ends; warned once)", markup=False, soft_wrap=True)
                 if gyre.out_of_order is not None and not said_order:
                     said_order = True
                     progress.console.print(
@@ -708,6 +716,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for key in sorted(k for k in metrics if k.startswith("reward/")):
         table.add_row(f"  {_REWARD_LABELS.get(key, key.split('/', 1)[1])}", f"{metrics[key]:.4g}")
     console.print(table)
+    cut = [t for t in trajectories if t.dead_ends]
+    if cut:
+        console.print(_dead_ends(cut, len(trajectories)), markup=False, soft_wrap=True)
     if example is not None:
         console.print(f"milestones verified out of the task graph's order, e.g. {example}: {_OUT_OF_ORDER}",
                       markup=False, soft_wrap=True)
@@ -782,6 +793,13 @@ def _mean_interval(values: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     interval = stratified_bootstrap(np.asarray(values, dtype=float)[:, None], mean, reps=2000, seed=0)
     return interval.low, interval.high
+
+
+def _dead_ends(cut: Sequence[Any], of: int) -> str:
+    """The episodes cut at a dead end of the library, and why the first was, in words."""
+    t = cut[0]
+    return (f"{len(cut)} of {of} episodes were cut at a dead end, an agent with no eligible option (task seed "
+            f"{t.task_seed}, {t.dead_end_why or 'agents ' + str(t.dead_ends)})")
 
 
 _REWARD_LABELS = {

@@ -102,6 +102,8 @@ class Trajectory:
     dead_ends: list[str] = field(default_factory=list)
     """Agents for which no option was eligible (a dead end of the library, e.g. a one-shot
     option whose milestone was lost): the episode was cut there, as a truncation."""
+    dead_end_why: str = ""
+    """Why the first dead end had no option, in words (:func:`dead_end_reason`)."""
     option_timeouts: list[str] = field(default_factory=list)
     """Options whose call ran past ``backend.option_timeout_s`` (ended as failures)."""
     faults: list[str] = field(default_factory=list)
@@ -427,6 +429,9 @@ def play_episode(
                     if run is None:
                         d = decision(a, step, verified, set_aside)
                         if d is None:
+                            if not traj.dead_ends:
+                                traj.dead_end_why = dead_end_reason(library, a, step, verified, set_aside, running, env,
+                                                                     observations.get(a))
                             traj.dead_ends.append(a)
                             break
                         budget -= time.perf_counter() - resumed
@@ -657,6 +662,26 @@ def _unknown_agent(env: Any, agent: str, step: int) -> str:
                 f"{list(env.possible_agents)}; expected every agent that can ever act listed in possible_agents")
     return (f"{where} returned no observation for live agent {agent!r}; expected one for every agent in env.agents "
             "(an agent that is done leaves env.agents)")
+
+
+def dead_end_reason(library: OptionLibrary, agent: str, step: int, verified: frozenset[str], set_aside: set[int],
+                    running: dict[str, Any], env: Any, observation: Any) -> str:
+    """Why ``agent`` had no eligible option at ``step``, in words: the library's graph left it
+    none, its options were set aside this step, or every option it could run was exclusive and
+    taken by the other agents (a library with fewer tasks than agents and no option to wait)."""
+    where = f"agent {agent!r} at step {step}"
+    mask = library.mask(verified, None if not library.asks_state else
+                        OptionContext(agent=agent, env=env, observation=observation, achieved=verified))
+    if not mask.any():
+        return (f"{where}: no option of the library was eligible (verified {sorted(verified) or 'nothing'}: each "
+                "option's milestone verified, its prerequisites unmet or its initiation false)")
+    mask[list(set_aside)] = False
+    if not mask.any():
+        return f"{where}: its eligible options all ended this step without acting (CANNOT_PROCEED, a fault, a timeout)"
+    held = {library[r.call.option].name: b for b, r in running.items() if r is not None and b != agent}
+    return (f"{where}: every option it could run is exclusive and run by the other agents ({held}); for an agent "
+            "with nothing to do, give the library an option that is always eligible, e.g. stay: one step of a no-op, "
+            "repeatable")
 
 
 def ended_by_env(t: Trajectory) -> bool:

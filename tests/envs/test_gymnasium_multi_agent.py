@@ -5,12 +5,15 @@ that the reward ``[0.0, 0]`` was not a number."""
 
 from __future__ import annotations
 
+import re
+
 import gymnasium
 import numpy as np
 import pytest
 from lbforaging.foraging.environment import Action, ForagingEnv
 
 from gyre_ma.agents.baselines import RandomManager
+from gyre_ma.cli import main
 from gyre_ma.envs.adapters import from_gymnasium
 from gyre_ma.envs.checks import EnvCheckError, check_env
 from gyre_ma.options.library import OptionLibrary
@@ -30,6 +33,8 @@ class Foraging(ForagingEnv):
                          field_size=(6, 6), max_num_food=FOODS, sight=6, max_episode_steps=60, force_coop=False)
 
     def reset(self, seed=None, options=None):
+        for player in self.players:  # LBF places each forager clear of the others' places in the last episode:
+            player.position = None   # a reset that depends on the episode before (gyre-ma check's replay caught it)
         out = super().reset(seed=seed, options=options)
         self.foods = [tuple(map(int, p)) for p in zip(*np.nonzero(self.field))]
         return out
@@ -97,3 +102,36 @@ def test_a_tuple_env_without_agents_is_named_in_check_and_a_plain_env_with_agent
                                                                                      "milestones": {"up": {}}})
     with pytest.raises(ValueError, match=r"agents must be a count >= 1 or distinct names, got \['a', 'a'\]"):
         from_gymnasium(Foraging(), agents=["a", "a"], milestones=None, graph=GRAPH)
+
+
+def exclusive_library(env) -> OptionLibrary:
+    lib = OptionLibrary("foraging", env.task_graph())
+    for k in range(FOODS):
+        lib.option(f"fetch_{k}", milestone=f"food_{k}", max_steps=20, exclusive=True)(fetch(k))
+    return lib.validate()
+
+
+def test_a_dead_end_says_why_an_agent_had_no_option(tmp_path, capsys):
+    """Exclusive fetches, two foragers and one food left: the forager without a food had no
+    option and the episode was cut after a step; neither check nor train said so, let alone
+    why (found writing this file)."""
+    env = make()
+    lib = exclusive_library(env)
+    cut = [t for t in (run_episode(env, lib, RandomManager(s), seed=s) for s in range(6)) if t.dead_ends]
+    assert cut and not any(t.success for t in cut)
+    assert re.fullmatch(r"agent 'agent_\d' at step \d+: every option it could run is exclusive and run by the other "
+                        r"agents \(\{'fetch_\d': 'agent_\d'\}\); for an agent with nothing to do, give the library an "
+                        r"option that is always eligible, e\.g\. stay: one step of a no-op, repeatable",
+                        cut[0].dead_end_why), cut[0].dead_end_why
+
+    config = tmp_path / "lbf.yaml"
+    config.write_text(f"name: lbf\nenv: {{id: '{__name__}:make'}}\nlibrary: '{__name__}:exclusive_library'\n"
+                      f"run_root: {tmp_path}\ntrain: {{iterations: 1, episodes_per_iteration: 8}}\n")
+    assert main(["check", str(config), "--play", "6"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"note: \d of 6 episodes were cut at a dead end, an agent with no eligible option \(task seed "
+                     r"\d, agent 'agent_\d' at step \d+: every option it could run is exclusive", out), out
+    assert main(["train", str(config)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"warning: iteration 0: \d of \d+ episodes were cut at a dead end.*\(metric dead_ends; warned "
+                     r"once\)", out), out

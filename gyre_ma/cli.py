@@ -166,6 +166,10 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
                   "to one that should not)")
         console.print(f"milestones no goal needs, with the reward each pays when first verified: {', '.join(paid)}"
                       f"{advice}", markup=False, soft_wrap=True)
+    if graph.has_alternatives and graph.implicit_rewards:
+        console.print(f"alternatives (any_of): every route to the goals pays {graph.remaining_pay(()):g} in default "
+                      "milestone rewards in total; a milestone of a route that pays more pays only what it lowers "
+                      "the least reward still to earn (TaskGraph.remaining_pay)", markup=False, soft_wrap=True)
     if env is not None:
         differs = _graph_differences(env.task_graph(), graph)
         if differs:
@@ -262,11 +266,12 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     if lost and short is None and (fixed or len(lost) == len(played)):  # a fixed manager is meant to reach them
         t = lost[0]
         their = "their" if t.goals else "the"
+        unseen = [g for g in (t.goals or goals) if g not in t.milestone_steps]
         console.print(f"note: the env ended {len(lost)} of {len(played)} episodes before {their} goals were verified "
                       f"(task seed {t.task_seed}, at step {t.length}: verified "
-                      f"{sorted(t.milestone_steps, key=t.milestone_steps.get) or 'nothing'}); where the env ended them "
-                      "at a goal rather than in a loss, that goal's detector does not see it", markup=False,
-                      soft_wrap=True)
+                      f"{sorted(t.milestone_steps, key=t.milestone_steps.get) or 'nothing'}, not {unseen}); where the "
+                      f"env ended them at a goal rather than in a loss, the detector of {unseen} does not see it",
+                      markup=False, soft_wrap=True)
     if report.unverifiable:
         console.print(f"taken on trust (no verifier or detector to re-check them): {list(report.unverifiable)}",
                       markup=False, soft_wrap=True)

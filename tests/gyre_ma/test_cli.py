@@ -195,6 +195,15 @@ def test_graph_of_a_library_built_for_an_env_asks_for_the_config(tmp_path, capsy
     assert main(["graph", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "g.dot")]) == 0
 
 
+def test_check_says_what_every_route_through_alternatives_pays(capsys):
+    """A session-55 user re-testing their vault (a key route and a kick) found nothing in
+    check of what the routes now pay."""
+    assert main(["check", EXAMPLE]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("alternatives (any_of): every route to the goals pays 6 in default milestone rewards in total; a "
+            "milestone of a route that pays more pays only what it lowers the least reward still to earn") in out
+
+
 def test_check_notes_episodes_the_env_ended_with_the_goal_unseen(tmp_path, capsys, monkeypatch):
     """A session-55 user's MiniHack goal detector never held: the env ended both of check's
     episodes at the stairs, and check said "goals ['on_stairs'] not reached" and ok."""
@@ -237,8 +246,8 @@ def test_check_notes_episodes_the_env_ended_with_the_goal_unseen(tmp_path, capsy
     assert main(["check", str(tmp_path / "door.yaml")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert ("note: the env ended 2 of 2 episodes before the goals were verified (task seed 0, at step 3: verified "
-            "['walked']); where the env ended them at a goal rather than in a loss, that goal's detector does not "
-            "see it") in out
+            "['walked'], not ['out']); where the env ended them at a goal rather than in a loss, the detector of "
+            "['out'] does not see it") in out
 
 
 def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_path):

@@ -247,7 +247,8 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
         reached = (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
                    if missed else f"goals {goals} reached")
     cut = sum(t.cut_by_fault for t in played)
-    console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {sum(t.length for t in played)} steps, "
+    steps = sum(t.length for t in played)
+    console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {steps} steps in all, "
                   + ("each episode replayed with the same milestones" if not cut else
                      f"each episode but the {cut} a fault cut replayed with the same milestones")
                   + f"; {len(report.milestones)} of {len(library.graph)} milestones verified; {reached}",
@@ -396,6 +397,15 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             return 0
         if change:
             _record_change(run_dir, change, gyre.next_iteration)
+        if "train.iterations" in change:  # the schedules stretch to the new length: say what that does
+            was, now = change["train.iterations"]
+            at = gyre.next_iteration
+            console.print(f"note: train.iterations {was} -> {now}: the schedules that span the run (entropy, "
+                          "explorer noise, temperature, lr, the average of the last weights) stretch over "
+                          f"{now} iterations, so iteration {at} stands at {config.train.progress(at):.0%} of them, "
+                          f"not at {min(at / max(was - 1, 1), 1.0):.0%} where the run left them: exploration rises "
+                          "again before it anneals, and held-out success may dip first", markup=False,
+                          soft_wrap=True)
     else:
         fresh = not run_dir.exists()
         held.enter_context(_lock_run(run_dir))  # first: a run another trainer holds is named as such
@@ -535,7 +545,7 @@ def _remove_if_only_lock(run_dir: Path) -> None:
 
 
 _OUT_OF_ORDER = ("a milestone detector the policy fooled, or a task graph that does not match the env (gyre-ma check "
-                 "fails such an env)")
+                 "fails such an env where its episodes meet it: play more of them, --play 40)")
 """What a milestone verified before its prerequisites says, as train and eval tell it."""
 
 

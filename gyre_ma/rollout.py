@@ -719,8 +719,9 @@ def action_check(space: Any, agent: str) -> Callable[..., Any]:
     :class:`~gyre_ma.options.errors.UserAnswerError` where the sub-policy ``policy`` is
     given) naming the option, the agent, the action, the space, and the sub-policy with
     the file and line that define it. A
-    ``Discrete`` space takes an integer in range (not a bool, None or NaN); other spaces
-    their own ``contains``, and float arrays must be finite."""
+    ``Discrete`` space takes an integer in range (not a bool, None or NaN); a ``Box`` an
+    array (or list, or for shape (1,) a number) of its shape, cast to its dtype, finite and
+    within its bounds; other spaces their own ``contains``, and float arrays must be finite."""
     if isinstance(space, spaces.Discrete):
         low, high = int(space.start), int(space.start) + int(space.n)
 
@@ -753,6 +754,34 @@ def action_check(space: Any, agent: str) -> Callable[..., Any]:
             raise _bad_action(option, agent, action, f"integers within {space}", policy)
 
         return multi_discrete
+
+    if isinstance(space, spaces.Box):
+        shape, kinds = space.shape, ("fiu" if space.dtype.kind == "f" else "iu")
+        wanted = (f"an array of shape {shape} and dtype {space.dtype} within {space}, finite (an array or list of "
+                  f"another {'numeric' if space.dtype.kind == 'f' else 'integer'} dtype is cast to it"
+                  + ("; a single number stands for shape (1,))" if shape == (1,) else ")"))
+
+        def box(action: Any, option: str, policy: Any = None) -> Any:
+            """A Box action cast to the space's dtype (a controller's float64 array fits a
+            float32 Box, whose ``contains`` refuses it), a number to shape (1,)."""
+            try:
+                a = np.asarray(action)
+            except Exception:  # noqa: BLE001 - not array-like at all
+                a = None
+            if a is None or a.dtype.kind not in kinds or not (a.shape == shape or (a.shape == () and shape == (1,))):
+                got = "" if a is None else f" (shape {a.shape}, dtype {a.dtype})"
+                raise _bad_action(option, agent, action, wanted + got, policy)
+            cast = a.astype(space.dtype, copy=False).reshape(shape)
+            if space.dtype.kind == "f" and not np.isfinite(cast).all():
+                raise _bad_action(option, agent, action, wanted + " (it holds a value that is not finite)", policy)
+            if not space.contains(cast):
+                out = np.flatnonzero((cast < space.low) | (cast > space.high))
+                at = int(out[0]) if out.size else 0
+                raise _bad_action(option, agent, action, f"{wanted} (element {at}, {cast.ravel()[at]!r}, lies outside "
+                                  f"[{space.low.ravel()[at]!r}, {space.high.ravel()[at]!r}]; clip it)", policy)
+            return cast
+
+        return box
 
     def general(action: Any, option: str, policy: Any = None) -> Any:
         try:

@@ -431,6 +431,12 @@ def test_training_says_its_env_steps_per_second(tmp_path, capsys):
     assert len(rates) == 2 and all(r > 0 for r in rates)
     row = next(line for line in out.splitlines() if "env steps per second of training (this session)" in line)
     assert float(row.split("│")[2].strip().replace(",", "")) > 0
+    # a session-55 user extended a finished run and its exploration rose again, unannounced
+    assert main(["train", str(config), "--resume", "--iterations", "4", "--quiet"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("note: train.iterations 2 -> 4: the schedules that span the run (entropy, explorer noise, temperature, "
+            "lr, the average of the last weights) stretch over 4 iterations, so iteration 2 stands at 67% of them, "
+            "not at 100% where the run left them: exploration rises again") in out
 
 
 def test_a_curriculum_without_an_oracle_is_named_by_check_and_train(tmp_path, capsys):

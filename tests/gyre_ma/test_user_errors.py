@@ -76,6 +76,20 @@ def test_other_action_spaces_are_checked_by_their_own_contains():
     for bad in (np.array([np.nan, 0.0], dtype=np.float32), np.ones(3, dtype=np.float32), None):
         with pytest.raises(ValueError, match="option 'move' .*agent 'a'"):
             check(bad, "move")
+    # a session-55 user's controller returned np.array([a]), float64: "expected an element of Box(...)", no why
+    for good in (np.array([0.5, -1.0]), [0.5, -1], (np.float64(0.5), -1.0)):
+        got = check(good, "move")
+        assert got.dtype == np.float32 and got.tolist() == [0.5, -1.0]
+    with pytest.raises(ValueError, match=r"expected an array of shape \(2,\) and dtype float32 within Box.*\(element "
+                                         r"1, np.float32\(3.0\), lies outside \[np.float32\(-1.0\), "
+                                         r"np.float32\(1.0\)\]; clip it\)"):
+        check(np.array([0.0, 3.0]), "move")
+    with pytest.raises(ValueError, match=r"\(shape \(\), dtype float64\)"):
+        check(0.5, "move")
+    one = action_check(spaces.Box(-1.0, 1.0, shape=(1,)), "a")
+    assert one(0.25, "push").tolist() == [0.25] and one(np.float64(-1), "push").shape == (1,)
+    with pytest.raises(ValueError, match=r"a single number stands for shape \(1,\)\) \(shape \(\), dtype <U4\)"):
+        one("left", "push")
     check = action_check(spaces.MultiDiscrete([3, 4], start=[1, 0]), "a")
     for good in (np.array([1, 3]), np.array([3, 0], dtype=np.int8), [2, 1], (1, np.int64(2))):
         assert check(good, "call") is good
@@ -469,7 +483,7 @@ def test_check_plays_a_configs_env_so_that_an_env_broken_at_its_first_step_fails
     config.write_text(config.read_text().replace("userlib:make", "coverage_v0"))
     assert main(["check", str(config), "--play", "3"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert re.search(r"played 3 episodes by a random order of the library's options: \d+ steps, each episode "
+    assert re.search(r"played 3 episodes by a random order of the library's options: \d+ steps in all, each episode "
                      r"replayed with the same milestones; 3 of 3 milestones verified; goals "
                      r"\['covered_0', 'covered_1', 'covered_2'\] reached", out), out
 
@@ -500,7 +514,7 @@ def test_check_plays_a_fixed_managers_config_by_that_manager(tmp_path, monkeypat
     config.write_text("name: oracle\nenv: {id: coverage_v0}\nmanager: {kind: oracle}\n")
     assert main(["check", str(config)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert re.search(r"played 2 episodes by the config's oracle manager: \d+ steps, .* goals "
+    assert re.search(r"played 2 episodes by the config's oracle manager: \d+ steps in all, .* goals "
                      r"\['covered_0', 'covered_1', 'covered_2'\] reached", out), out
 
 

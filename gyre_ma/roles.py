@@ -86,8 +86,16 @@ class RolloutTask:
 
 def evaluation_tasks(seeds: Iterable[int], *, greedy: bool = False, stream: int = 0) -> list[RolloutTask]:
     """Held-out evaluation's episodes: one executor episode per task seed, without noise, on
-    sampling ``stream`` (:attr:`RolloutTask.stream`: paired across policies and versions)."""
-    return [RolloutTask("executor", int(s), greedy=greedy, stream=stream) for s in seeds]
+    sampling ``stream`` (:attr:`RolloutTask.stream`: paired across policies and versions).
+    The seeds must lie below 2^30 (:data:`VALIDATION_SEEDS`): from there on they are the
+    runs' validation and training seeds, and a figure played on them would not be held out."""
+    seeds = [int(s) for s in seeds]
+    outside = [s for s in seeds if not 0 <= s < VALIDATION_SEEDS]
+    if outside:
+        raise ValueError(f"evaluation_tasks: held-out task seeds must lie in [0, 2^30 = {VALIDATION_SEEDS}); got "
+                         f"{outside[:3]}{' …' if len(outside) > 3 else ''}: seeds from 2^30 on are the runs' "
+                         "validation and training seeds (gyre-ma eval plays from 1,000,000)")
+    return [RolloutTask("executor", s, greedy=greedy, stream=stream) for s in seeds]
 
 
 @dataclass

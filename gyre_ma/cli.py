@@ -7,6 +7,7 @@ import contextlib
 import dis
 import errno
 import functools
+import re
 import sys
 import time
 import traceback
@@ -1125,6 +1126,8 @@ def _warnings_in_one_line(command: str) -> Iterator[None]:
     def one_line(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
         if str(Path(filename).resolve()).startswith(gyre_ma_dirs()):
             return f"gyre-ma {command}: warning: {' '.join(str(message).split())}\n"
+        if not sys.stderr.isatty():  # a log file: no colour codes (gymnasium colours its warnings)
+            message = re.sub(r"\x1b\[[0-9;]*m", "", str(message))
         return plain(message, category, filename, lineno, line)
 
     warnings.formatwarning = one_line

@@ -451,3 +451,16 @@ def test_a_curriculum_without_an_oracle_is_named_by_check_and_train(tmp_path, ca
         assert "curriculum.enabled: the horizon curriculum sets its step caps from the path length of oracle " \
                "episodes, and environment 'gyre_ma.envs.coverage.coverage:CoverageEnv' has no built-in oracle" in err
         assert "the manager still learns" in err and "manager.kind" not in err
+
+
+def test_another_packages_coloured_warning_reaches_a_log_without_its_colour_codes(capsys):
+    """A session-55 user's check output held gymnasium's ``\\x1b[33mWARN: Casting input x to numpy
+    array.\\x1b[0m`` raw."""
+    import warnings
+
+    from gyre_ma.cli import _warnings_in_one_line
+
+    with _warnings_in_one_line("check"):
+        text = warnings.formatwarning("\x1b[33mWARN: Casting input x to numpy array.\x1b[0m", UserWarning,
+                                      "/site-packages/gymnasium/logger.py", 1)
+    assert "UserWarning: WARN: Casting input x to numpy array." in text and "\x1b" not in text

@@ -36,6 +36,7 @@ from torch.nn import functional as F
 
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, StateScaler
 from gyre_ma.options.decision import Choice, Decision
+from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Termination
 
 _MASKED = float(torch.finfo(torch.float32).min)
@@ -461,6 +462,17 @@ class _Slot:
         return self.uniforms.pop()
 
 
+GREEDY_DETOUR = 0.1
+"""A greedy fallback is not a detour: where greedy play sets its agent's most likely option
+aside (tried since its milestones last changed) and takes the most likely untried one, it
+skips a one-shot option whose milestone no goal needs (``TaskGraph.unneeded``) that the policy
+gives less than this share of its most likely option's probability; with no other untried
+option, a new round takes the most likely again. Two session-55 users' greedy play went for a trap
+(a spare part that jams the bench) and a detour (gold), each a few per cent likely, after a
+``stay`` or ``explore`` that verifies nothing. An option a goal needs is never skipped, nor a
+repeatable one (upkeep), nor a likely side task."""
+
+
 class PolicyActor:
     """The learned manager of many episodes at once (``slots`` of them): each round of
     decisions is one batched forward pass of the policy and one of the critic, whatever
@@ -475,12 +487,17 @@ class PolicyActor:
     slot's generator, one uniform per decision in the episode's decision order, so an
     episode's choices do not depend on which other episodes share its batches.
 
+    Greedy fallbacks skip unlikely detours (:data:`GREEDY_DETOUR`) where :attr:`library` is set.
+
     ``log_prob`` is the behaviour policy's (perturbed, ε-mixed or tempered), as the PPO
     ratio needs; ``value`` comes from the unperturbed critic (centralised when a
     ``state_scaler`` is given). A greedy slot ignores the noise and takes the argmax over
     the eligible options its agent has not tried since its verified milestones last
     changed (see :class:`NoisyManager`).
     """
+
+    library: OptionLibrary | None = None
+    """The options' library, where known: its milestones no goal needs are greedy's detours."""
 
     def __init__(self, policy: ManagerPolicy, featurizer: Featurizer, *, critic: Critic | None = None,
                  state_scaler: StateScaler | None = None, slots: int = 1) -> None:
@@ -556,7 +573,7 @@ class PolicyActor:
         greedy = [i for i, s in enumerate(rows) if s.greedy]
         if greedy:
             options[greedy] = self._untried_argmax([rows[i] for i in greedy], [decisions[i] for i in greedy],
-                                                   lp[greedy])
+                                                   lp[greedy], self._side_tasks())
         sampled = [i for i, s in enumerate(rows) if not s.greedy]
         if sampled:
             u = np.array([rows[i].uniform() for i in sampled])
@@ -608,13 +625,29 @@ class PolicyActor:
             x = features
         return self._critic_forward(x, agent).squeeze(-1).numpy()
 
+    def _side_tasks(self) -> np.ndarray | None:
+        """Per option, whether it is a one-shot option whose milestone no goal needs (None: no
+        such option, or no library). Repeatable ones (upkeep: eat, drink) stay fallbacks: the
+        greedy tech-tree policy died of thirst on 4 % of held-out seeds without them."""
+        library = self.library
+        if library is None:
+            return None
+        cached = self.__dict__.get("_side")
+        if cached is None or cached[0] is not library:
+            unneeded = set(library.graph.unneeded)
+            side = np.array([opt.milestone in unneeded and not opt.repeatable for opt in library], dtype=bool)
+            cached = self.__dict__["_side"] = (library, side if side.any() else None)
+        return cached[1]
+
     @staticmethod
-    def _untried_argmax(rows: Sequence[_Slot], decisions: Sequence[Decision], log_probs: np.ndarray) -> np.ndarray:
+    def _untried_argmax(rows: Sequence[_Slot], decisions: Sequence[Decision], log_probs: np.ndarray,
+                        side: np.ndarray | None = None) -> np.ndarray:
         """Per decision, the most likely eligible option its agent has not tried since its
         milestones last changed — except that an option whose call failed is open again
         once a later call ended by its done condition (looked up before any of this batch
-        is recorded); where every eligible option has been tried, those are open again, the
-        rest staying set aside."""
+        is recorded), and that an unlikely option whose milestone no goal needs (``side``,
+        :data:`GREEDY_DETOUR`) is no fallback; where no eligible option is left, those tried
+        are open again, the rest staying set aside."""
         options = []
         for s, d, row in zip(rows, decisions, log_probs, strict=True):
             last = s.tried.get(d.agent)
@@ -628,6 +661,8 @@ class PolicyActor:
                     failed.add(d.last_option)
             allowed = d.mask.copy()
             allowed[list(tried)] = False
+            if side is not None:
+                allowed &= ~(side & (row < row[d.mask].max() + math.log(GREEDY_DETOUR)))
             if not allowed.any():  # every eligible option tried since the last milestone: a new round of them
                 eligible = set(np.flatnonzero(d.mask).tolist())
                 allowed, tried, failed = d.mask, tried - eligible, failed - eligible

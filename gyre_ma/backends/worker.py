@@ -226,6 +226,7 @@ class RolloutKit:
         if self.learns:
             if self._actor is None:
                 self._actor = self._make_actor()
+                self._actor.library = self.library  # its milestones no goal needs: greedy's detours
             return PolicyDeciders(self._actor)
         return ManagerDeciders(self._slot_manager)
 

@@ -452,3 +452,38 @@ def test_a_policys_temperature_reaches_every_rows_logits_perturbed_or_not():
         for before, after, own in zip(cold, hot, (noisy(*features), pol(*features)), strict=True):
             assert torch.allclose(after[eligible], 4.0 * before[eligible], atol=1e-5)
             assert torch.allclose(after[eligible], own[eligible], atol=1e-5)
+
+
+def test_a_greedy_fallback_skips_an_unlikely_option_no_goal_needs():
+    """Session-55 users: after a ``stay`` (or an ``explore``) that verifies nothing, greedy took
+    the most likely untried option, a spare part that jams the bench (held-out greedy 63 %
+    against 87 % sampled) or a detour for gold, each a few per cent likely. Such an option (its
+    milestone one no goal needs, under ``GREEDY_DETOUR`` of the best's probability) is no
+    fallback: a new round takes the most likely again. An option a goal needs stays one, however
+    unlikely, and so does a likely side task."""
+    from gyre_ma.agents.noise import PolicyActor, _Slot
+    from gyre_ma.options.option import Termination as T
+
+    stay, fetch, spare, gold = range(4)
+    side = np.array([False, False, True, True])  # spare's and gold's milestones: no goal needs them
+
+    def play(probs, side):
+        slot, last, how, picks = _Slot(), -1, None, []
+        for _ in range(3):
+            d = Decision("agent_0", 0, None, np.ones(4, dtype=bool), frozenset(), last, 0.0, None, (), how)
+            last = int(PolicyActor._untried_argmax([slot], [d], np.log([probs]), side)[0])
+            how = T.DONE
+            picks.append(last)
+        return picks
+
+    unlikely = [0.90, 0.06, 0.03, 0.01]
+    assert play(unlikely, None) == [stay, fetch, spare]  # the rule before: any untried option
+    assert play(unlikely, side) == [stay, fetch, stay]  # the needed fetch, then a new round: no trap
+    assert play([0.5, 0.02, 0.4, 0.08], side) == [stay, spare, gold]  # side tasks likely enough are fallbacks
+    from gyre_ma.backends.worker import RolloutKit
+    from gyre_ma.config import parse_config
+
+    kit = RolloutKit.from_config(parse_config({"env": {"id": "techtree_v0"}, "manager": {"hidden": 16}}))
+    kit.deciders(0)
+    names = [opt.name for opt, s in zip(kit.library, kit._actor._side_tasks(), strict=True) if s]
+    assert set(names) == {"make_wood_sword", "make_stone_sword", "make_iron_sword"}  # not eat, drink: upkeep

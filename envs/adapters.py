@@ -287,7 +287,23 @@ _SPACE_SHOWN = 160
 what falls outside it comes first, in full."""
 
 
-class _SingleAgentParallel(ParallelEnv):
+class _GymnasiumParallel(ParallelEnv):
+    """A Gymnasium env (``_gym``) seen as a ParallelEnv: its render, close and unwrapped."""
+
+    _gym: gymnasium.Env
+
+    def render(self) -> Any:
+        return self._gym.render()
+
+    def close(self) -> None:
+        self._gym.close()
+
+    @property
+    def unwrapped(self) -> Any:
+        return self._gym.unwrapped
+
+
+class _SingleAgentParallel(_GymnasiumParallel):
     """A Gymnasium env as a one-agent ParallelEnv; the episode ends when it does.
 
     A ``Discrete`` observation that the env returns as a Python ``int`` (Taxi, FrozenLake,
@@ -331,18 +347,8 @@ class _SingleAgentParallel(ParallelEnv):
     def action_space(self, agent: str) -> spaces.Space:
         return self._gym.action_space
 
-    def render(self) -> Any:
-        return self._gym.render()
 
-    def close(self) -> None:
-        self._gym.close()
-
-    @property
-    def unwrapped(self) -> Any:
-        return self._gym.unwrapped
-
-
-class _TupleAgentsParallel(ParallelEnv):
+class _TupleAgentsParallel(_GymnasiumParallel):
     """A multi-agent Gymnasium env as a ParallelEnv: one whose observation and action spaces
     are ``Tuple`` spaces with an entry per agent, as Level-Based Foraging, RWARE and ma-gym's are.
 
@@ -398,16 +404,6 @@ class _TupleAgentsParallel(ParallelEnv):
 
     def action_space(self, agent: str) -> spaces.Space:
         return self._gym.action_space[self.possible_agents.index(agent)]
-
-    def render(self) -> Any:
-        return self._gym.render()
-
-    def close(self) -> None:
-        self._gym.close()
-
-    @property
-    def unwrapped(self) -> Any:
-        return self._gym.unwrapped
 
 
 def from_gymnasium(

@@ -4,8 +4,9 @@ Each does exactly what its ``gyre-ma`` command does (the same run directory and 
 checkpoints, checks and refusals; ``train`` writes ``metrics.csv``, the spot checks,
 ``initial.pt``, ``final.pt`` and ``summary.json`` as the command does) and returns its figures
 rather than an exit code. Where the command would exit 2 (a config, a checkpoint, a seed it
-refuses), the function raises that one-line error (a ``ValueError``). ``overrides`` are what
-``--set`` gives: dotted keys and their values.
+refuses), the function raises that one-line error (a ``ValueError``, worded as the command's,
+flags and all). ``overrides`` are what ``--set`` gives: dotted keys and their values;
+``quiet`` leaves out the command's tables and progress.
 
     from gyre_ma import api
 
@@ -17,6 +18,8 @@ refuses), the function raises that one-line error (a ``ValueError``). ``override
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import tempfile
 from collections.abc import Mapping
@@ -35,20 +38,23 @@ def _sets(overrides: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str], quiet: bool = False) -> None:
+    """Run a command; ``quiet``: without its tables and progress on stdout (warnings and errors stay)."""
     from gyre_ma.cli import COMMANDS, _warnings_in_one_line, build_parser
 
     args = build_parser().parse_args(argv)
-    with _warnings_in_one_line(args.command):
+    with _warnings_in_one_line(args.command), \
+            contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
         code = COMMANDS[args.command](args)
     if code:
         raise RuntimeError(f"gyre-ma {' '.join(argv)} ended with exit code {code}")
 
 
-def check(source: str | Path, *, play: int = 2, overrides: Mapping[str, Any] | None = None) -> None:
+def check(source: str | Path, *, play: int = 2, overrides: Mapping[str, Any] | None = None,
+          quiet: bool = False) -> None:
     """``gyre-ma check``: validate a config, experiment file or option library and play
     ``play`` seeded episodes of a config's env (each replayed); raises on the first problem."""
-    _run(["check", str(source), "--play", str(play), *_sets(overrides)])
+    _run(["check", str(source), "--play", str(play), *_sets(overrides)], quiet)
 
 
 def train(config: str | Path, *, overrides: Mapping[str, Any] | None = None, iterations: int | None = None,
@@ -71,7 +77,7 @@ def train(config: str | Path, *, overrides: Mapping[str, Any] | None = None, ite
 
 def evaluate(target: str | Path, *, config: str | Path | None = None, trust_config: bool = False,
              episodes: int = 20, seed: int = 1_000_000, greedy: bool = False, stream: int = 0,
-             overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             overrides: Mapping[str, Any] | None = None, quiet: bool = False) -> dict[str, Any]:
     """``gyre-ma eval``: play ``episodes`` held-out task seeds from ``seed`` with a checkpoint,
     a run directory (its ``final.pt``) or a config whose manager does not learn; returns what
     ``--json`` writes: success with its 95 % interval, lengths, milestones, rewards, and each
@@ -82,7 +88,7 @@ def evaluate(target: str | Path, *, config: str | Path | None = None, trust_conf
                 "--json", str(out), *_sets(overrides)]
         argv += ["--config", str(config)] if config is not None else []
         argv += ["--trust-config"] * trust_config + ["--greedy"] * greedy
-        _run(argv)
+        _run(argv, quiet)
         return json.loads(out.read_text())
 
 
@@ -98,8 +104,8 @@ def experiment(file: str | Path, *, jobs: int | None = None, root: str | Path | 
     return load_experiment(file, root=None if root is None else str(root)).folder
 
 
-def report(exp_dir: str | Path, *, reps: int | None = None) -> dict[str, Any]:
+def report(exp_dir: str | Path, *, reps: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """``gyre-ma report``: write the experiment's report (Markdown, PNG curves, ``runs.csv``)
     under ``exp_dir/report``; returns ``report.json``'s figures."""
-    _run(["report", str(exp_dir), *(["--reps", str(reps)] if reps is not None else [])])
+    _run(["report", str(exp_dir), *(["--reps", str(reps)] if reps is not None else [])], quiet)
     return json.loads((Path(exp_dir) / "report" / "report.json").read_text())

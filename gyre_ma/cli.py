@@ -243,7 +243,7 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     if any(t.goals for t in played):  # each episode has its own goals
         named = sorted({g for t in played for g in t.goals}, key=goals.index)
         reached = (f"{sum(t.success for t in played)} of {len(played)} episodes reached their own goals "
-                   f"(episode_goals() named {named})")
+                   f"(their goals among {named}, one set an episode)")
     else:
         reached = (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
                    if missed else f"goals {goals} reached")

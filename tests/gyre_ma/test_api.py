@@ -13,7 +13,7 @@ from gyre_ma import api
 from gyre_ma.roles import evaluation_tasks
 
 
-def test_train_resume_and_evaluate_do_what_the_commands_do(tmp_path):
+def test_train_resume_and_evaluate_do_what_the_commands_do(tmp_path, capsys):
     config = tmp_path / "cov.yaml"
     config.write_text(f"name: cov\nenv: {{id: coverage_v0}}\nrun_root: {tmp_path / 'runs'}\n"
                       "train: {iterations: 2, episodes_per_iteration: 4}\n")
@@ -31,10 +31,11 @@ def test_train_resume_and_evaluate_do_what_the_commands_do(tmp_path):
     assert api.train(config, overrides={"monitor": {"spot_checks": 1}}, iterations=3, resume=True)["iteration"] == 2
     assert len((run / "metrics.csv").read_text().splitlines()) == 1 + 3
 
-    figures = api.evaluate(run, episodes=6, trust_config=True)
+    figures = api.evaluate(run, episodes=6, trust_config=True, quiet=True)
     assert len(figures["episodes"]) == 6 and figures["episodes"][0]["task_seed"] == 1_000_000
     assert figures["success_ci95_low"] <= figures["success_rate"] <= figures["success_ci95_high"]
     again = api.evaluate(run / "checkpoints" / "final.pt", episodes=6, trust_config=True)
+    assert capsys.readouterr().out.count("verified completion") == 1  # the quiet one printed no table
     assert again["success_rate"] == figures["success_rate"]  # the same seeds and stream: the same episodes
     with pytest.raises(ValueError, match=r"--seed: held-out task seeds 1073741824\.\.1073741829 must lie in "
                                          r"\[0, 2\^30"):

@@ -160,7 +160,7 @@ def test_train_logs_and_eval_tables_each_goal_and_check_wants_them_seeded(user_e
                       f"run_root: {tmp_path / 'runs'}\ntrain: {{iterations: 1, episodes_per_iteration: 8}}\n")
     assert main(["check", str(config), "--play", "2"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert re.search(r"\d of 2 episodes reached their own goals \(episode_goals\(\) named \['covered_", out), out
+    assert re.search(r"\d of 2 episodes reached their own goals \(their goals among \['covered_", out), out
     assert "critical path" in out and "(of the goal 'covered_" in out
     assert main(["train", str(config), "--quiet"]) == 0
     header = (tmp_path / "runs" / "one" / "metrics.csv").read_text().splitlines()[0].split(",")

@@ -496,8 +496,9 @@ class PolicyActor:
     changed (see :class:`NoisyManager`).
     """
 
-    library: OptionLibrary | None = None
-    """The options' library, where known: its milestones no goal needs are greedy's detours."""
+    _library: OptionLibrary | None = None
+    _side: np.ndarray | None = None
+    """Per option, whether greedy may skip it as a detour (:meth:`_side_tasks`); None: none."""
 
     def __init__(self, policy: ManagerPolicy, featurizer: Featurizer, *, critic: Critic | None = None,
                  state_scaler: StateScaler | None = None, slots: int = 1) -> None:
@@ -573,7 +574,7 @@ class PolicyActor:
         greedy = [i for i, s in enumerate(rows) if s.greedy]
         if greedy:
             options[greedy] = self._untried_argmax([rows[i] for i in greedy], [decisions[i] for i in greedy],
-                                                   lp[greedy], self._side_tasks())
+                                                   lp[greedy], self._side)
         sampled = [i for i, s in enumerate(rows) if not s.greedy]
         if sampled:
             u = np.array([rows[i].uniform() for i in sampled])
@@ -625,19 +626,23 @@ class PolicyActor:
             x = features
         return self._critic_forward(x, agent).squeeze(-1).numpy()
 
-    def _side_tasks(self) -> np.ndarray | None:
+    @property
+    def library(self) -> OptionLibrary | None:
+        """The options' library, where known: its milestones no goal needs are greedy's detours."""
+        return self._library
+
+    @library.setter
+    def library(self, library: OptionLibrary | None) -> None:
+        self._library, self._side = library, None if library is None else self._side_tasks(library)
+
+    @staticmethod
+    def _side_tasks(library: OptionLibrary) -> np.ndarray | None:
         """Per option, whether it is a one-shot option whose milestone no goal needs (None: no
-        such option, or no library). Repeatable ones (upkeep: eat, drink) stay fallbacks: the
-        greedy tech-tree policy died of thirst on 4 % of held-out seeds without them."""
-        library = self.library
-        if library is None:
-            return None
-        cached = self.__dict__.get("_side")
-        if cached is None or cached[0] is not library:
-            unneeded = set(library.graph.unneeded)
-            side = np.array([opt.milestone in unneeded and not opt.repeatable for opt in library], dtype=bool)
-            cached = self.__dict__["_side"] = (library, side if side.any() else None)
-        return cached[1]
+        such option). Repeatable ones (upkeep: eat, drink) stay fallbacks: the greedy
+        tech-tree policy died of thirst on 4 % of held-out seeds without them."""
+        unneeded = set(library.graph.unneeded)
+        side = np.array([opt.milestone in unneeded and not opt.repeatable for opt in library], dtype=bool)
+        return side if side.any() else None
 
     @staticmethod
     def _untried_argmax(rows: Sequence[_Slot], decisions: Sequence[Decision], log_probs: np.ndarray,

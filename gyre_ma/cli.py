@@ -261,9 +261,9 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     short = short_of_goals(played, goals)
     if short is not None:
         console.print(f"note: {short}", markup=False, soft_wrap=True)
-    cut = [t for t in played if t.dead_ends]
-    if cut:
-        console.print(f"note: {_dead_ends(cut, len(played))}", markup=False, soft_wrap=True)
+    stuck = [t for t in played if t.dead_ends]
+    if stuck:
+        console.print(f"note: {_dead_ends(stuck, len(played))}", markup=False, soft_wrap=True)
     lost = [t for t in played if not t.success and ended_by_env(t)]
     if lost and short is None and (fixed or len(lost) == len(played)):  # a fixed manager is meant to reach them
         t = lost[0]
@@ -404,7 +404,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             console.print(f"note: train.iterations {was} -> {now}: the schedules that span the run (entropy, "
                           "explorer noise, temperature, lr, the average of the last weights) stretch over "
                           f"{now} iterations, so iteration {at} stands at {config.train.progress(at):.0%} of them, "
-                          f"not at {min(at / max(was - 1, 1), 1.0):.0%} where the run left them: exploration rises "
+                          f"not at {config.train.model_copy(update={'iterations': was}).progress(at):.0%} where "
+                          "the run left them: exploration rises "
                           "again before it anneals, and held-out success may dip first", markup=False,
                           soft_wrap=True)
     else:

@@ -9,7 +9,7 @@ its prerequisite groups has at least one achieved member.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -237,24 +237,13 @@ class TaskGraph:
         dependants are verified, or the other alternative of a satisfied group (and what only
         its route needed), is no longer needed."""
         done = set(verified)
-
-        def required(names: Iterable[str]) -> set[str]:  # ``names`` and their requires, unverified
-            out: set[str] = set()
-            stack = [n for n in names if n not in done]
-            while stack:
-                name = stack.pop()
-                if name not in out:
-                    out.add(name)
-                    stack.extend(r for r in self.milestone(name).requires if r not in done)
-            return out
-
-        certain = required(self.goals if goals is None else goals)
+        certain = self._required(self.goals if goals is None else goals, done)
         needed, stack = set(certain), list(certain)
         while stack:
             for group in self.milestone(stack.pop()).any_of:
                 if done.intersection(group) or certain.intersection(group):
                     continue
-                for name in required(group) - needed:
+                for name in self._required(group, done) - needed:
                     needed.add(name)
                     stack.append(name)
         return frozenset(needed)
@@ -273,16 +262,6 @@ class TaskGraph:
         so every route to the goals pays the same in total: a longer route is not paid more."""
         done = frozenset(verified)
         weight = {n: self.milestone(n).reward or 0.0 for n in self.implicit_rewards if n not in self.goals}
-
-        def with_required(names: Iterable[str], base: frozenset[str]) -> frozenset[str]:
-            out, stack = set(base), [n for n in names if n not in done]
-            while stack:
-                name = stack.pop()
-                if name not in out:
-                    out.add(name)
-                    stack.extend(r for r in self.milestone(name).requires if r not in done)
-            return frozenset(out)
-
         memo: dict[frozenset[str], float] = {}
 
         def least(needed: frozenset[str]) -> float:
@@ -290,10 +269,21 @@ class TaskGraph:
                 open_group = next((g for n in sorted(needed) for g in self.milestone(n).any_of
                                    if not done.intersection(g) and not needed.intersection(g)), None)
                 memo[needed] = (sum(weight.get(n, 0.0) for n in needed) if open_group is None else
-                                min(least(with_required([alt], needed)) for alt in open_group))
+                                min(least(frozenset(self._required([alt], done, needed))) for alt in open_group))
             return memo[needed]
 
-        return least(with_required(self.goals if goals is None else goals, frozenset()))
+        return least(frozenset(self._required(self.goals if goals is None else goals, done)))
+
+    def _required(self, names: Iterable[str], done: Set[str], into: Iterable[str] = ()) -> set[str]:
+        """``into`` (a set closed under ``requires`` already) with ``names`` not in ``done``
+        and, transitively, their ``requires`` not in ``done``."""
+        out, stack = set(into), [n for n in names if n not in done]
+        while stack:
+            name = stack.pop()
+            if name not in out:
+                out.add(name)
+                stack.extend(r for r in self.milestone(name).requires if r not in done)
+        return out
 
     def frontier(self, achieved: Iterable[str]) -> frozenset[str]:
         """Milestones not yet achieved whose prerequisites are all met."""

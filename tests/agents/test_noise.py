@@ -485,5 +485,5 @@ def test_a_greedy_fallback_skips_an_unlikely_option_no_goal_needs():
 
     kit = RolloutKit.from_config(parse_config({"env": {"id": "techtree_v0"}, "manager": {"hidden": 16}}))
     kit.deciders(0)
-    names = [opt.name for opt, s in zip(kit.library, kit._actor._side_tasks(), strict=True) if s]
+    names = [opt.name for opt, s in zip(kit.library, kit._actor._side, strict=True) if s]
     assert set(names) == {"make_wood_sword", "make_stone_sword", "make_iron_sword"}  # not eat, drink: upkeep

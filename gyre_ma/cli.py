@@ -434,7 +434,9 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         if (run_dir / ERROR_FILE).is_file():  # an earlier attempt's errors stay, marked as such
             _append_error(run_dir, "a fresh run started here; the errors above are an earlier attempt's")
         if gyre.learns and config.manager.kind != "llm":  # the untrained manager, for eval
-            save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
+            initial = save_checkpoint(checkpoints / INITIAL, gyre.state_dict())
+            if gyre.checkpoints is not None:  # its hash in the manifest, checked when eval loads it
+                gyre.checkpoints.record_file(initial)
     first = gyre.next_iteration
     held.push(functools.partial(_record_error, run_dir, gyre))  # from here on, an error is kept in the run too
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)

@@ -499,10 +499,10 @@ class RolesConfig(_Section):
     0 judges the iteration's own training episodes instead (not held-out)."""
     explorer_noise: NoiseConfig = Field(
         default_factory=lambda: NoiseConfig(start=0.3, end=0.05, schedule="cosine"))
-    """Explorers: large target, annealed."""
+    """Explorers: large target, annealed (an LLM manager's default: :data:`LLM_ROLE_NOISE`)."""
     executor_noise: NoiseConfig = Field(
         default_factory=lambda: NoiseConfig(start=0.01, end=0.001, schedule="exponential"))
-    """Executors: small target, annealed."""
+    """Executors: small target, annealed (an LLM manager's default: :data:`LLM_ROLE_NOISE`)."""
     elite_min_score: float | None = Field(None, ge=0.0, le=1.0)
     """Also mark unsuccessful explorer episodes elite at this milestone score."""
     verify_elite: bool = True
@@ -626,6 +626,15 @@ class TrainerConfig(_Section):
         return strategy
 
 
+LLM_ROLE_NOISE: dict[str, dict[str, Any]] = {
+    "explorer_noise": {"kind": "epsilon", "start": 0.2, "end": 0.02},
+    "executor_noise": {"kind": "none"},
+}
+"""The roles' noise where the manager is an LLM (``manager.kind: llm``) and the config gives
+them none: explorers mix ε of uniform choice among the eligible options into the policy's
+sampling, annealed from 0.2 to 0.02; executors sample from the policy alone."""
+
+
 class ExperimentConfig(_Section):
     name: str = Field("experiment", min_length=1, max_length=200)
     """Experiment name; the run directory is ``<run_root>/<name>``. One path component:
@@ -686,6 +695,21 @@ class ExperimentConfig(_Section):
                 f"group size, `roles.explorers` ({self.roles.explorers}) + `roles.executors` "
                 f"({self.roles.executors}) = {self.group_size}: one group of episodes per task seed")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llm_noise_defaults(cls, data: Any) -> Any:
+        """An LLM manager's roles explore by sampling: a role the config gives no noise gets
+        :data:`LLM_ROLE_NOISE`'s, not parameter noise (which perturbs the MLP manager's weights)."""
+        if not isinstance(data, dict):
+            return data
+        manager = data.get("manager")
+        kind = manager.get("kind") if isinstance(manager, dict) else getattr(manager, "kind", None)
+        roles = data.get("roles", {})
+        if kind != "llm" or not isinstance(roles, dict):  # a RolesConfig built by the caller keeps its noise
+            return data
+        missing = {key: noise for key, noise in LLM_ROLE_NOISE.items() if key not in roles}
+        return {**data, "roles": {**missing, **roles}} if missing else data
 
     @model_validator(mode="after")
     def _llm_explores_by_sampling(self) -> ExperimentConfig:

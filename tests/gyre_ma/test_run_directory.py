@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gyre_ma.checkpoints import CheckpointManager
@@ -60,6 +61,11 @@ def test_a_fresh_run_keeps_its_untrained_policy_as_initial_pt(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(checkpoints / "initial.pt"), "--episodes", "3", "--trust-config"]) == 0
     assert "verified completion" in capsys.readouterr().out
+    data = bytearray((checkpoints / "initial.pt").read_bytes())  # recorded in the manifest as final.pt is
+    data[len(data) // 2] ^= 0xFF
+    (checkpoints / "initial.pt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="is the run's initial.pt, but its SHA-256 is not the one"):
+        load_checkpoint(checkpoints / "initial.pt")
     assert train(tmp_path, "--iterations", "1") == 2  # now the run has checkpoints of its own
     assert "already has checkpoints" in capsys.readouterr().err
 

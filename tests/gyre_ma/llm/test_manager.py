@@ -173,7 +173,7 @@ def test_llm_configs_are_checked_and_name_the_key():
     with pytest.raises(ConfigError, match="exactly one of `model`"):
         parse_config({"manager": {"kind": "llm", "llm": {"model": "x", "build": {}}}})
     with pytest.raises(ConfigError, match="roles.explorer_noise.kind"):
-        parse_config({"manager": {"kind": "llm", "llm": {"build": {}}}})  # the default explorers use param noise
+        parse_config({"manager": {"kind": "llm", "llm": {"build": {}}}, "roles": {"explorer_noise": {"start": 0.3}}})
     with pytest.raises(ConfigError, match="divisible by `heads`"):
         parse_config({"manager": {"kind": "llm", "llm": {"build": {"width": 30, "heads": 4}}}})
     with pytest.raises(ConfigError, match="`train.self_imitation` is 0.5.*set it to 0"):
@@ -181,6 +181,19 @@ def test_llm_configs_are_checked_and_name_the_key():
     config = load_config(LLM_QUICKSTART, {"manager.llm.build": None, "manager.llm.model": "/no/such/model"})
     with pytest.raises(ValueError, match="manager.llm.model: '/no/such/model' is not a local directory"):
         RolloutKit.from_config(config)
+
+
+def test_an_llm_managers_roles_explore_by_sampling_unless_the_config_says_otherwise():
+    roles = parse_config({"manager": {"kind": "llm", "llm": {"build": {}}}}).roles
+    assert (roles.explorer_noise.kind, roles.explorer_noise.start, roles.explorer_noise.end) == ("epsilon", 0.2, 0.02)
+    assert roles.executor_noise.kind == "none"
+    given = parse_config({"manager": {"kind": "llm", "llm": {"build": {}}},
+                          "roles": {"explorers": 3, "executor_noise": {"kind": "temperature", "start": 1.5}},
+                          "train": {"episodes_per_iteration": 6}}).roles
+    assert given.explorers == 3 and given.explorer_noise.kind == "epsilon"
+    assert (given.executor_noise.kind, given.executor_noise.start) == ("temperature", 1.5)
+    mlp = parse_config({}).roles  # the MLP manager keeps parameter noise
+    assert mlp.explorer_noise.kind == mlp.executor_noise.kind == "param"
 
 
 def test_check_names_a_missing_manager_model(tmp_path):

@@ -59,7 +59,7 @@ def check(source: str | Path, *, play: int = 2, overrides: Mapping[str, Any] | N
 
 def train(config: str | Path, *, overrides: Mapping[str, Any] | None = None, iterations: int | None = None,
           run_root: str | Path | None = None, resume: bool = False, force_config: bool = False,
-          quiet: bool = True) -> dict[str, Any]:
+          quiet: bool = False) -> dict[str, Any]:
     """``gyre-ma train``: train the config's run (``resume``: continue it from its latest
     checkpoint); returns the final iteration's figures (``summary.json``) and ``run_dir``."""
     from gyre_ma.config import load_config
@@ -68,7 +68,7 @@ def train(config: str | Path, *, overrides: Mapping[str, Any] | None = None, ite
     argv += ["--iterations", str(iterations)] if iterations is not None else []
     argv += ["--run-root", str(run_root)] if run_root is not None else []
     argv += ["--resume"] * resume + ["--force-config"] * force_config + ["--quiet"] * quiet
-    _run(argv)
+    _run(argv, quiet)
     sets = dict(overrides or {}) | ({"run_root": str(run_root)} if run_root is not None else {})
     run_dir = load_config(config, sets).run_dir
     summary = run_dir / "summary.json"
@@ -93,14 +93,14 @@ def evaluate(target: str | Path, *, config: str | Path | None = None, trust_conf
 
 
 def experiment(file: str | Path, *, jobs: int | None = None, root: str | Path | None = None,
-               quiet: bool = True) -> Path:
+               quiet: bool = False) -> Path:
     """``gyre-ma experiment``: train (or resume) every run of the experiment file in ``jobs``
     local processes and evaluate each on held-out seeds; returns the experiment's folder."""
     from gyre_ma.experiment import load_experiment
 
     argv = ["experiment", str(file)] + (["--jobs", str(jobs)] if jobs is not None else [])
     argv += (["--root", str(root)] if root is not None else []) + ["--quiet"] * quiet
-    _run(argv)
+    _run(argv, quiet)
     return load_experiment(file, root=None if root is None else str(root)).folder
 
 

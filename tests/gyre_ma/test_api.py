@@ -18,7 +18,10 @@ def test_train_resume_and_evaluate_do_what_the_commands_do(tmp_path, capsys):
     config.write_text(f"name: cov\nenv: {{id: coverage_v0}}\nrun_root: {tmp_path / 'runs'}\n"
                       "train: {iterations: 2, episodes_per_iteration: 4}\n")
     api.check(config, play=1)
+    capsys.readouterr()
     summary = api.train(config, overrides={"monitor": {"spot_checks": 1}})
+    out = capsys.readouterr().out  # a line an iteration and the summary, as the command prints them
+    assert "iter 1/2" in out and "iter 2/2" in out and "summary" in out
     run = tmp_path / "runs" / "cov"
     assert summary["run_dir"] == str(run) and summary["iteration"] == 1 and 0 <= summary["success_rate"] <= 1
     assert summary == json.loads((run / "summary.json").read_text()) | {"run_dir": str(run)}
@@ -28,7 +31,9 @@ def test_train_resume_and_evaluate_do_what_the_commands_do(tmp_path, capsys):
     assert "final.pt" in json.loads((run / "checkpoints" / "manifest.json").read_text())["files"]
     with pytest.raises(ValueError, match="already has checkpoints; pass --resume to continue it"):
         api.train(config, overrides={"monitor": {"spot_checks": 1}})  # an earlier run is not overwritten
-    assert api.train(config, overrides={"monitor": {"spot_checks": 1}}, iterations=3, resume=True)["iteration"] == 2
+    assert api.train(config, overrides={"monitor": {"spot_checks": 1}}, iterations=3, resume=True,
+                     quiet=True)["iteration"] == 2
+    assert capsys.readouterr().out == ""
     assert len((run / "metrics.csv").read_text().splitlines()) == 1 + 3
 
     figures = api.evaluate(run, episodes=6, trust_config=True, quiet=True)

@@ -267,6 +267,10 @@ def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_pa
     here = subprocess.run([sys.executable, program, "check", "my.yaml", "--play", "1"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert here.returncode == 0 and "played 1 episode" in here.stdout, here.stderr[-2000:]
+    # python -m gyre_ma: the command in whichever interpreter runs it (a venv's, with the user's packages)
+    module = subprocess.run([sys.executable, "-m", "gyre_ma", "check", "my.yaml", "--play", "1"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert module.returncode == 0 and "played 1 episode" in module.stdout, module.stderr[-2000:]
     elsewhere = subprocess.run([sys.executable, program, "check", str(tmp_path / "my.yaml")], cwd=tmp_path.parent,
                                env=env, capture_output=True, text=True, timeout=300)
     assert elsewhere.returncode == 2

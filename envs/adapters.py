@@ -287,10 +287,33 @@ _SPACE_SHOWN = 160
 what falls outside it comes first, in full."""
 
 
+_OLD_GYM = ("an old gym env's API (reset returning the observation alone, step four values: obs, reward, done, "
+             "info)? Wrap it in a gymnasium.Env whose reset(seed=None, options=None) seeds it and returns "
+             "(observation, info), and whose step returns (observation, reward, terminated, truncated, info); "
+             "README: Old gym environments")
+
+
 class _GymnasiumParallel(ParallelEnv):
-    """A Gymnasium env (``_gym``) seen as a ParallelEnv: its render, close and unwrapped."""
+    """A Gymnasium env (``_gym``) seen as a ParallelEnv: its render, close and unwrapped, and
+    its reset and step checked for Gymnasium's API (an old gym env's is named as such)."""
 
     _gym: gymnasium.Env
+
+    def _reset(self, seed: int | None, options: dict | None) -> tuple[Any, dict]:
+        out = self._gym.reset(seed=seed, options=options)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise ValueError(f"{self.metadata['name']}.reset returned {out!r:.120}; expected (observation, info), "
+                             f"a tuple of two with info a dict: {_OLD_GYM}")
+        return out
+
+    def _step(self, action: Any) -> tuple[Any, Any, Any, Any, Any]:
+        out = self._gym.step(action)
+        try:
+            obs, reward, terminated, truncated, info = out
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.metadata['name']}.step returned {out!r:.120}; expected five values "
+                             f"(observation, reward, terminated, truncated, info): {_OLD_GYM}") from None
+        return obs, reward, terminated, truncated, info
 
     def render(self) -> Any:
         return self._gym.render()
@@ -330,13 +353,13 @@ class _SingleAgentParallel(_GymnasiumParallel):
         return obs
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        obs, info = self._gym.reset(seed=seed, options=options)
+        obs, info = self._reset(seed, options)
         self.agents = [self._agent]
         return {self._agent: self._observation(obs)}, {self._agent: info}
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         a = self._agent
-        obs, reward, terminated, truncated, info = self._gym.step(actions[a])
+        obs, reward, terminated, truncated, info = self._step(actions[a])
         if terminated or truncated:
             self.agents = []
         return {a: self._observation(obs)}, {a: reward}, {a: terminated}, {a: truncated}, {a: info}
@@ -383,14 +406,14 @@ class _TupleAgentsParallel(_GymnasiumParallel):
         return [values] * n
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        obs, info = self._gym.reset(seed=seed, options=options)
+        obs, info = self._reset(seed, options)
         self.agents = list(self.possible_agents)
         obs = self._split(obs, "observations")
         return dict(zip(self.agents, obs)), {a: info for a in self.agents}
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         agents = self.possible_agents
-        obs, rewards, terminated, truncated, info = self._gym.step(tuple(actions[a] for a in agents))
+        obs, rewards, terminated, truncated, info = self._step(tuple(actions[a] for a in agents))
         ends = [all(bool(x) for x in self._split(flag, what)) for flag, what in
                 ((terminated, "terminated"), (truncated, "truncated"))]
         if any(ends):
@@ -434,10 +457,19 @@ def from_gymnasium(
         )
     elif isinstance(env_or_id, gymnasium.Env):
         env = env_or_id
+    elif callable(getattr(env_or_id, "reset", None)) and callable(getattr(env_or_id, "step", None)):
+        raise TypeError(f"from_gymnasium: {type(env_or_id).__name__} has reset and step but is not a gymnasium.Env; "
+                        f"{_OLD_GYM}")
     else:
         raise TypeError(
             f"from_gymnasium: expected a gymnasium.Env or a registered env id, got {type(env_or_id).__name__}"
         )
+    for what in ("observation_space", "action_space"):
+        space = getattr(env, what, None)
+        if not isinstance(space, spaces.Space):
+            raise TypeError(f"from_gymnasium: {type(env.unwrapped).__name__}.{what} is {space!r:.120} "
+                            f"({type(space).__name__}); expected a gymnasium.spaces.Space (Box, Discrete, Dict, ...): "
+                            "an env written for another package's spaces needs a wrapper that gives Gymnasium's")
     if agents is None:
         if milestone_agent is not None:
             raise TypeError("from_gymnasium: milestone_agent is for several agents (agents=...); a one-agent env's "

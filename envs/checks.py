@@ -353,7 +353,10 @@ class _Probe:
         t = self._step
         fix_env = (
             "seed every source of randomness from reset(seed=...) (self.np_random, the action "
-            "and observation spaces), and clear all per-episode state in reset()"
+            "and observation spaces), clear all per-episode state in reset(), and iterate no set "
+            "of objects (nor a dict keyed by them) without sorting it: its order follows memory "
+            "addresses, which differ from one episode to the next (the replay resets the same "
+            "instance with the same seed and feeds it the same actions)"
         )
         if t >= len(exp.verified):
             raise self._fail(

@@ -269,11 +269,15 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
         t = lost[0]
         their = "their" if t.goals else "the"
         unseen = [g for g in (t.goals or goals) if g not in t.milestone_steps]
+        terminated = any(c.terminated for c in t.calls)
+        why = (f"A loss (a death, a failed task) ends an episode so, and an untrained order meets many; where the env "
+               f"ended them at a goal instead, the detector of {unseen} does not see it" if terminated else
+               "The env's own time limit came first (its truncation, not max_cycles): raise it, or the goals are "
+               "out of reach in that many steps")
         console.print(f"note: the env ended {len(lost)} of {len(played)} episodes before {their} goals were verified "
-                      f"(task seed {t.task_seed}, at step {t.length}: verified "
-                      f"{sorted(t.milestone_steps, key=t.milestone_steps.get) or 'nothing'}, not {unseen}); where the "
-                      f"env ended them at a goal rather than in a loss, the detector of {unseen} does not see it",
-                      markup=False, soft_wrap=True)
+                      f"(task seed {t.task_seed}, {'terminated' if terminated else 'truncated'} at step {t.length}: "
+                      f"verified {sorted(t.milestone_steps, key=t.milestone_steps.get) or 'nothing'}, not {unseen}). "
+                      f"{why}", markup=False, soft_wrap=True)
     if report.unverifiable:
         console.print(f"taken on trust (no verifier or detector to re-check them): {list(report.unverifiable)}",
                       markup=False, soft_wrap=True)
@@ -377,6 +381,9 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
 
     run_dir = config.run_dir
     if args.resume:
+        if not _has_run_checkpoints(run_dir / "checkpoints"):
+            raise UsageError(f"nothing to resume: {str(run_dir)!r} holds no checkpoint of a run; train without "
+                             "--resume to start it")
         if not (run_dir / "checkpoints" / "manifest.json").is_file():  # checked before anything is made
             slots = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt") if p.name != INITIAL) \
                 if (run_dir / "checkpoints").is_dir() else []
@@ -412,7 +419,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         fresh = not run_dir.exists()
         held.enter_context(_lock_run(run_dir))  # first: a run another trainer holds is named as such
         checkpoints = run_dir / "checkpoints"
-        if checkpoints.exists() and any(p.name != INITIAL for p in checkpoints.iterdir()):
+        if _has_run_checkpoints(checkpoints):
             if not (checkpoints / "manifest.json").is_file():
                 raise UsageError(f"run directory {str(run_dir)!r} already has checkpoint files but no "
                                  "checkpoints/manifest.json, so it cannot be resumed; to train this run anew, move its "
@@ -523,6 +530,27 @@ untrained manager's figures, the baseline that shows what training added (a run 
 before its first ``latest`` checkpoint holds only this, and starts afresh). Not written for
 an LLM manager, whose untrained policy is its model directory, already on disk, and whose
 checkpoints each hold a copy of the model's weights."""
+
+
+def _has_run_checkpoints(checkpoints: Path) -> bool:
+    """Whether a run's ``checkpoints`` folder holds something of its training: any file but
+    :data:`INITIAL` and a manifest that records no slot (only ``initial.pt``'s hash, as a run
+    killed or failed before its first checkpoint leaves it)."""
+    import json
+
+    if not checkpoints.is_dir():
+        return False
+    for path in checkpoints.iterdir():
+        if path.name == INITIAL:
+            continue
+        if path.name == "manifest.json":
+            try:
+                if not json.loads(path.read_text()).get("slots"):
+                    continue
+            except (OSError, ValueError, AttributeError):
+                pass  # a manifest that cannot be read is a run's, to be looked at, not overwritten
+        return True
+    return False
 
 
 def _lock_run(run_dir: Path) -> Any:
@@ -755,18 +783,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options = _option_figures(trajectories, player.library)
     if options:
         by_option = Table(title="option calls: how each ended (share of its calls)")
-        for col in ("option", "calls per episode", "mean steps", "achieved", "failed", "cut short"):
+        shares = ("achieved", "failure", "step_cap", "blocked", "cut_short")
+        for col in ("option", "calls per episode", "mean steps", "achieved", "failed: its predicate",
+                    "failed: step cap", "failed: blocked, fault, timeout", "cut short"):
             by_option.add_column(col, justify="left" if col == "option" else "right")
         for name, row in options.items():
             if row["mean_steps"] is None:
-                by_option.add_row(name, "0", "—", "—", "—", "—")
+                by_option.add_row(name, "0", *["—"] * (1 + len(shares)))
                 continue
             by_option.add_row(name, f"{row['calls_per_episode']:.2f}", f"{row['mean_steps']:.1f}",
-                              f"{row['achieved']:.1%}", f"{row['failed']:.1%}", f"{row['cut_short']:.1%}")
+                              *(f"{row[k]:.1%}" for k in shares))
         console.print(by_option)
-        console.print("achieved: its milestone verified, or its done condition met; failed: its failure predicate, "
-                      "its step cap, its sub-policy blocked or out of time; cut short: the episode ended first",
-                      markup=False, soft_wrap=True)
+        console.print("achieved: its milestone verified, or its done condition met; failed: its failure predicate "
+                      "held (a deliberate yield is one), it reached its max_steps, or its sub-policy blocked "
+                      "(CANNOT_PROCEED), raised (a fault played on through) or ran out of time; cut short: the episode "
+                      "ended first", markup=False, soft_wrap=True)
     if args.json:  # the figures, and each episode's own (for intervals of your choosing, or pairing with another run)
         episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
                      "option_calls": len(t.calls)} | ({"goals": list(t.goals)} if goals else {})
@@ -777,13 +808,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 _ACHIEVED = ("milestone", "done")
-_FAILED = ("failure", "max_steps", "blocked", "timeout", "fault")
+_FAILED = {"failure": ("failure",), "step_cap": ("max_steps",), "blocked": ("blocked", "fault", "timeout")}
+"""How a failed call ended, by ``--json``'s key: ``failed`` is their sum."""
 
 
 def _option_figures(trajectories: Sequence[Any], library: Any) -> dict[str, dict[str, float]]:
     """Per option called: calls per episode, mean steps a call, and the shares of its calls
-    that achieved what they were for, failed, or were cut short by the episode's end (which
-    option of a library is the weak one: a session-53 user found it in the spot checks)."""
+    that achieved what they were for, failed (``failed``, and apart: its ``failure`` predicate,
+    its ``step_cap``, ``blocked``, a fault or a timeout), or were cut short by the episode's end
+    (which option of a library is the weak one: a session-53 user found it in the spot checks;
+    a session-56 user's failure predicate yields on danger, a failure to be told from the others)."""
     names = library.names
     ended: dict[str, list[str]] = {}
     steps: dict[str, int] = {}
@@ -793,13 +827,20 @@ def _option_figures(trajectories: Sequence[Any], library: Any) -> dict[str, dict
             ended.setdefault(name, []).append(c.termination.value if c.termination is not None else "episode")
             steps[name] = steps.get(name, 0) + c.duration
     n = max(len(trajectories), 1)
-    return {name: {"calls_per_episode": len(ended[name]) / n, "mean_steps": steps[name] / len(ended[name]),
-                   "achieved": sum(e in _ACHIEVED for e in ended[name]) / len(ended[name]),
-                   "failed": sum(e in _FAILED for e in ended[name]) / len(ended[name]),
-                   "cut_short": sum(e not in _ACHIEVED + _FAILED for e in ended[name]) / len(ended[name])}
-            if name in ended else {"calls_per_episode": 0.0, "mean_steps": None, "achieved": None, "failed": None,
-                                   "cut_short": None}  # never called: every option has its row
-            for name in names}
+    failed = tuple(e for ends in _FAILED.values() for e in ends)
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        if name not in ended:  # never called: every option has its row
+            out[name] = {"calls_per_episode": 0.0, "mean_steps": None, "achieved": None, "failed": None,
+                         **dict.fromkeys(_FAILED), "cut_short": None}
+            continue
+        ends, calls = ended[name], len(ended[name])
+        out[name] = {"calls_per_episode": calls / n, "mean_steps": steps[name] / calls,
+                     "achieved": sum(e in _ACHIEVED for e in ends) / calls,
+                     "failed": sum(e in failed for e in ends) / calls,
+                     **{key: sum(e in kinds for e in ends) / calls for key, kinds in _FAILED.items()},
+                     "cut_short": sum(e not in _ACHIEVED + failed for e in ends) / calls}
+    return out
 
 
 def _mean_interval(values: list[float]) -> tuple[float, float]:

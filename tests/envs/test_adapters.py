@@ -410,3 +410,54 @@ def test_the_managers_numeric_view_drops_text_members_of_a_dict_observation():
     assert np.array_equal(view.many([{"state": state, "text": "a"}] * 2), np.stack([state, state]))
     library = make_library()
     assert Featurizer(space, library).obs_dim == 19  # the manager's input: the numbers, not the characters
+
+
+def test_an_old_gym_api_or_another_packages_spaces_are_named_as_such() -> None:
+    """A session-56 user's Crafter had gym's old API (reset → the observation alone, step →
+    four values, no seed) and, without gym installed, spaces of its own: from_gymnasium said
+    only "expected a gymnasium.Env", or nothing until an AttributeError deep inside."""
+    spec = {"goals": ["out"], "milestones": {"out": {}}}
+    never = {"out": lambda u: False}
+
+    class Old:  # not a gymnasium.Env at all
+        observation_space, action_space = spaces.Box(0.0, 1.0, (2,), np.float32), spaces.Discrete(2)
+
+        def reset(self):
+            return np.zeros(2, np.float32)
+
+        def step(self, action):
+            return np.zeros(2, np.float32), 0.0, True, {}
+
+    with pytest.raises(TypeError, match="Old has reset and step but is not a gymnasium.Env; an old gym env's API"):
+        from_gymnasium(Old(), milestones=never, graph=spec)
+
+    class OldApi(gymnasium.Env):  # a gymnasium.Env whose methods keep the old API
+        observation_space, action_space = Old.observation_space, Old.action_space
+
+        def reset(self, seed=None, options=None):
+            return np.zeros(2, np.float32)  # two numbers: unpacked as (obs, info) they would pass unnoticed
+
+        def step(self, action):
+            return np.zeros(2, np.float32), 0.0, True, {}
+
+    env = from_gymnasium(OldApi(), milestones=never, graph=spec)
+    with pytest.raises(ValueError, match=r"OldApi.reset returned array\(\[0., 0.\], dtype=float32\); expected "
+                                         r"\(observation, info\).*README: Old gym environments"):
+        env.reset(seed=0)
+
+    class OldStep(OldApi):
+        def reset(self, seed=None, options=None):
+            return np.zeros(2, np.float32), {}
+
+    env = from_gymnasium(OldStep(), milestones=never, graph=spec)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"OldStep.step returned .*; expected five values \(observation, reward, "
+                                         r"terminated, truncated, info\)"):
+        env.step({"agent_0": 0})
+
+    class OwnSpaces(OldStep):
+        observation_space = (2,)  # e.g. a namedtuple of shape and dtype
+
+    with pytest.raises(TypeError, match=r"OwnSpaces.observation_space is \(2,\) \(tuple\); expected a "
+                                        r"gymnasium.spaces.Space"):
+        from_gymnasium(OwnSpaces(), milestones=never, graph=spec)

@@ -206,7 +206,9 @@ def test_check_says_what_every_route_through_alternatives_pays(capsys):
 
 def test_check_notes_episodes_the_env_ended_with_the_goal_unseen(tmp_path, capsys, monkeypatch):
     """A session-55 user's MiniHack goal detector never held: the env ended both of check's
-    episodes at the stairs, and check said "goals ['on_stairs'] not reached" and ok."""
+    episodes at the stairs, and check said "goals ['on_stairs'] not reached" and ok. A
+    session-56 user's Crafter agent died, and the note sent them looking at the detector: it
+    says how the env ended the episode."""
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "door.py").write_text(textwrap.dedent("""
         import gymnasium as gym
@@ -222,17 +224,21 @@ def test_check_notes_episodes_the_env_ended_with_the_goal_unseen(tmp_path, capsy
             observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
             action_space = gym.spaces.Discrete(2)
 
+            def __init__(self, truncate=False):
+                self.truncate = truncate
+
             def reset(self, seed=None, options=None):
                 self.t = 0
                 return np.zeros(1, np.float32), {}
 
             def step(self, action):
                 self.t += 1
-                return np.zeros(1, np.float32), 0.0, self.t >= 3, False, {}  # out of the door at step 3
+                end = self.t >= 3  # out of the door at step 3, or out of time
+                return np.zeros(1, np.float32), 0.0, end and not self.truncate, end and self.truncate, {}
 
 
-        def make():
-            return from_gymnasium(Door(), milestones={"walked": lambda e: e.t >= 1, "out": lambda e: False},
+        def make(truncate=False):
+            return from_gymnasium(Door(truncate), milestones={"walked": lambda e: e.t >= 1, "out": lambda e: False},
                                   graph=SPEC)
 
 
@@ -245,9 +251,14 @@ def test_check_notes_episodes_the_env_ended_with_the_goal_unseen(tmp_path, capsy
     (tmp_path / "door.yaml").write_text("name: door\nenv: {id: 'door:make'}\nlibrary: 'door:library'\n")
     assert main(["check", str(tmp_path / "door.yaml")]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert ("note: the env ended 2 of 2 episodes before the goals were verified (task seed 0, at step 3: verified "
-            "['walked'], not ['out']); where the env ended them at a goal rather than in a loss, the detector of "
-            "['out'] does not see it") in out
+    assert ("note: the env ended 2 of 2 episodes before the goals were verified (task seed 0, terminated at step 3: "
+            "verified ['walked'], not ['out']). A loss (a death, a failed task) ends an episode so, and an untrained "
+            "order meets many; where the env ended them at a goal instead, the detector of ['out'] does not see "
+            "it") in out
+    assert main(["check", str(tmp_path / "door.yaml"), "--set", "env.kwargs.truncate=true"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("(task seed 0, truncated at step 3: verified ['walked'], not ['out']). The env's own time limit came "
+            "first (its truncation, not max_cycles): raise it, or the goals are out of reach in that many steps") in out
 
 
 def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_path):
@@ -326,6 +337,7 @@ def test_eval_plays_what_the_config_says_on_the_local_backend(tmp_path, capsys):
             continue
         assert row["calls_per_episode"] > 0 and row["mean_steps"] >= 1
         assert abs(row["achieved"] + row["failed"] + row["cut_short"] - 1) < 1e-9
+        assert abs(row["failure"] + row["step_cap"] + row["blocked"] - row["failed"]) < 1e-9
     episodes = json.loads((tmp_path / "random.json").read_text())["episodes"]
     calls = sum(e["option_calls"] for e in episodes) / len(episodes)
     assert abs(sum(row["calls_per_episode"] for row in options.values()) - calls) < 1e-9

@@ -194,6 +194,10 @@ def test_train_reports_a_users_error_in_one_line_with_exit_2(tmp_path, monkeypat
     assert main(["train", _config(tmp_path), "--quiet"]) == 2  # a fresh attempt in the same folder
     kept = (tmp_path / "broken" / "error.txt").read_text().splitlines()
     assert len(kept) == 3 and kept[1].endswith("a fresh run started here; the errors above are an earlier attempt's")
+    assert (tmp_path / "broken" / "checkpoints" / "manifest.json").is_file()  # initial.pt's hash, no slot
+    capsys.readouterr()
+    assert main(["train", _config(tmp_path), "--quiet", "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
 
 
 def test_train_reports_a_users_broken_rule_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):

@@ -56,7 +56,7 @@ class Featurizer:
     log_span = 32.0
 
     def __init__(self, observation_space: gym.Space, library: OptionLibrary, n_agents: int = 1, *,
-                 goals: Sequence[str] = ()) -> None:
+                 goals: Sequence[str] = (), example: Any = None) -> None:
         self.view = NumericView(observation_space)
         self._others = 1.0 / (n_agents - 1) if n_agents > 1 else 0.0
         """Weight of one other agent in the others slots; no slots for one agent."""
@@ -78,8 +78,9 @@ class Featurizer:
         """The goals whose bits follow the time fraction (the episode's set); (): no such bits."""
         self._goal_index = {g: i for i, g in enumerate(self.goals)}
         self._featured = [(i, opt) for i, opt in enumerate(library) if opt.features is not None]
-        self.option_features = self._feature_size(observation_space) if self._featured else 0
-        """Length of each option's own features; 0 where no option has ``features``."""
+        self.option_features = self._feature_size(observation_space, example) if self._featured else 0
+        """Length of each option's own features, read off ``example`` (an observation the env
+        gave; else a sample of the space); 0 where no option has ``features``."""
         self.options_at = self.time_column + 1 + len(self.goals)
         """Where the options' features start: ``n_options`` rows of :attr:`option_features`."""
         self.dim = self.options_at + self.n_options * self.option_features
@@ -111,9 +112,12 @@ class Featurizer:
             out[:, self.options_at:] = self._option_block(items).reshape(n, -1)
         return out
 
-    def _feature_size(self, observation_space: gym.Space) -> int:
-        """The common length of the options' features, read off one sample observation."""
-        sample = copy.deepcopy(observation_space).sample()  # a copy: the env's space keeps its RNG
+    def _feature_size(self, observation_space: gym.Space, example: Any = None) -> int:
+        """The common length of the options' features, read off ``example`` or, without one,
+        a sample of the space (which may be no state the env ever gives: a session-56 user's
+        Sokoban features planned on a sampled grid with no walls and never returned)."""
+        # a copy of the space: the env's keeps its RNG
+        sample = example if example is not None else copy.deepcopy(observation_space).sample()
         sizes = {opt.name: self._option_row(opt, sample).shape[0] for _, opt in self._featured}
         if len(set(sizes.values())) != 1:
             raise ValueError(f"the options' features must all have one length (the manager scores them with one "

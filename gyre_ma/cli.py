@@ -187,6 +187,24 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     return 0
 
 
+def _check_features(library: Any, env: Any, played: Sequence[Any]) -> None:
+    """Every option's ``features`` on every decision ``check`` played (what the MLP manager
+    reads at each decision, random-order play aside): each must return the same number of
+    finite floats, or the error names the option (a session-56 user's features were first
+    called by ``train``)."""
+    from gyre_ma.agents.manager import Featurizer
+
+    calls = [c for t in played for c in t.calls]
+    featured = [option.name for option in library if option.features is not None]
+    if not featured or not calls:
+        return
+    space = env.observation_space(env.possible_agents[0])
+    featurizer = Featurizer(space, library, example=calls[0].observation)
+    featurizer.many(calls)
+    console.print(f"features of {len(featured)} option{'s' * (len(featured) != 1)} computed on the {len(calls)} "
+                  f"decisions played: {featurizer.option_features} finite values each", markup=False, soft_wrap=True)
+
+
 def _graph_differences(env_graph: Any, graph: Any) -> str:
     """What differs between the env's task graph and the library's (same milestones: ``make_library``
     refuses others): goals, rewards, prerequisites; empty where nothing does."""
@@ -247,6 +265,7 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     else:
         reached = (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
                    if missed else f"goals {goals} reached")
+    _check_features(library, env, played)
     cut = sum(t.cut_by_fault for t in played)
     steps = sum(t.length for t in played)
     console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {steps} steps in all, "

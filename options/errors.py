@@ -75,6 +75,8 @@ def user_frame(error: BaseException) -> str | None:
         return None
     skip = _LIBRARY_DIRS + gyre_ma_dirs()
     for frame in reversed(frames):
+        if frame.filename.startswith("<"):  # code with no file: a dataclass's generated __init__, exec'd text
+            continue
         path = str(Path(frame.filename).resolve())
         if not path.startswith(skip):
             return f"{frame.filename}:{frame.lineno}"

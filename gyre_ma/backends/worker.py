@@ -15,9 +15,10 @@ from gyre_ma.agents.flat import primitive_library
 from gyre_ma.agents.manager import Critic, Featurizer, ManagerPolicy, StateScaler
 from gyre_ma.agents.noise import PolicyActor
 from gyre_ma.backends.engine import EpisodeFault, play_many
-from gyre_ma.envs.base import declares_goals
+from gyre_ma.envs.base import declares_goals, unwrap
 from gyre_ma.envs.registry import make_env, make_library, make_oracle
 from gyre_ma.options.decision import Choice, Decision, Manager
+from gyre_ma.options.errors import UserCodeError
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask, default_roles, milestone_score, tag
 from gyre_ma.rollout import Trajectory, ask, is_users, play_episode
@@ -173,7 +174,25 @@ class RolloutKit:
         goals and the graph has several."""
         goals = self.library.graph.goals
         return Featurizer(self.env.observation_space(agents[0]), self.library, len(agents),
-                          goals=goals if len(goals) > 1 and declares_goals(self.env) else ())
+                          goals=goals if len(goals) > 1 and declares_goals(self.env) else (),
+                          example=self._example_observation(agents[0]))
+
+    FEATURE_SEED = 0
+    """The task seed of the reset whose observation sizes the options' features."""
+
+    def _example_observation(self, agent: str) -> Any:
+        """Where options have ``features``: ``agent``'s observation after a reset of the env
+        (task seed :attr:`FEATURE_SEED`), a state the features are written for; else None."""
+        if all(option.features is None for option in self.library):
+            return None
+        try:
+            observations, _ = self.env.reset(seed=self.FEATURE_SEED)
+        except UserCodeError:
+            raise
+        except Exception as exc:
+            raise UserCodeError(f"environment {type(unwrap(self.env)).__name__}.reset (task seed {self.FEATURE_SEED}, "
+                                "for an observation to size the options' features)", exc) from exc
+        return observations.get(agent)
 
     @property
     def learns(self) -> bool:

@@ -185,3 +185,30 @@ def test_a_features_function_that_raises_or_returns_nonsense_is_named():
     with pytest.raises(TypeError, match=r"option 'turn': features must take exactly one argument \(the deciding "
                                         r"agent's observation\)"):
         Option("turn", lambda ctx: 0, done=lambda ctx: True, features=lambda a, b: 0)
+
+
+SEEN: list = []
+
+
+def _recording_library(env=None) -> OptionLibrary:
+    def seen(observation):
+        SEEN.append(observation)
+        return [1.0, 0.0, 0.0]
+
+    return featured_library(get_key=seen)
+
+
+def test_the_features_length_is_read_off_an_observation_the_env_gave():
+    """A session-56 user's Sokoban features planned on the observation they were given; sized
+    on a sample of the space (a grid with no walls), the plan never ended and train hung."""
+    from gymnasium.utils.env_checker import data_equivalence
+
+    from gyre_ma.backends.worker import RolloutKit
+    from gyre_ma.config import parse_config
+
+    SEEN.clear()
+    kit = RolloutKit.from_config(parse_config({"env": {"id": "gyre_ma.envs.minigrid_doorkey:make_env"},
+                                               "library": "tests.agents.test_option_features:_recording_library"}))
+    assert kit.featurizer.option_features == 3 and SEEN
+    obs, _ = make_env().reset(seed=RolloutKit.FEATURE_SEED)
+    assert data_equivalence(SEEN[0], obs[kit.env.possible_agents[0]])

@@ -480,3 +480,33 @@ def test_another_packages_coloured_warning_reaches_a_log_without_its_colour_code
         text = warnings.formatwarning("\x1b[33mWARN: Casting input x to numpy array.\x1b[0m", UserWarning,
                                       "/site-packages/gymnasium/logger.py", 1)
     assert "UserWarning: WARN: Casting input x to numpy array." in text and "\x1b" not in text
+
+
+def test_check_computes_every_options_features_on_the_decisions_it_played(tmp_path, capsys, monkeypatch):
+    """A session-56 user's features broke only in train: check played by a random order, which
+    never asks them."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "feats.py").write_text(textwrap.dedent("""
+        import dataclasses
+
+        import numpy as np
+
+        from gyre_ma.envs.minigrid_doorkey import make_library
+        from gyre_ma.options.library import OptionLibrary
+
+
+        def library(env=None, broken=False):
+            def near(observation):
+                seen = int(np.asarray(observation["image"]).sum())
+                return [np.nan if broken and seen % 2 else 1.0, 0.0]
+
+            base = make_library()
+            return OptionLibrary(base.name, base.graph, [dataclasses.replace(o, features=near) for o in base])
+    """))
+    (tmp_path / "feats.yaml").write_text("name: feats\nenv: {id: 'gyre_ma.envs.minigrid_doorkey:make_env'}\n"
+                                         "library: 'feats:library'\n")
+    assert main(["check", str(tmp_path / "feats.yaml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "features of 4 options computed on the" in out and "decisions played: 2 finite values each" in out
+    assert main(["check", str(tmp_path / "feats.yaml"), "--set", "library_kwargs.broken=true"]) == 2
+    assert "option 'get_key': features returned a value that is not finite for agent" in capsys.readouterr().err

@@ -749,3 +749,20 @@ def test_check_plays_on_through_faults_as_training_would_when_told_to(tmp_path, 
     assert "each episode but the 1 a fault cut replayed with the same milestones" in out, out
     assert "faults played on through (backend.on_fault: continue): 1, e.g. environment Flaky.step (step 1) raised " \
            "OSError: tool API timed out (HTTP 503)" in out, out
+
+
+def test_an_error_raised_in_generated_code_points_at_the_users_line(tmp_path, monkeypatch, capsys):
+    """A session-56 user's graph with duration 0 was refused "(at <string>:5)": the innermost
+    frame outside gyre-ma was a dataclass's generated __init__, not their file."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _write_user_module(tmp_path, """
+        from gyre_ma.options import OptionLibrary, TaskGraph
+
+
+        def make():
+            return OptionLibrary("dur", TaskGraph.from_spec({"goals": ["g"], "milestones": {"g": {"duration": 0}}}))
+    """)
+    monkeypatch.delitem(__import__("sys").modules, "userlib", raising=False)
+    assert main(["check", "userlib:make"]) == 2
+    err = capsys.readouterr().err
+    assert "duration must be > 0, got 0.0" in err and f"(at {tmp_path / 'userlib.py'}:6)" in err, err

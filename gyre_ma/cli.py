@@ -192,12 +192,12 @@ def _check_features(library: Any, env: Any, played: Sequence[Any]) -> None:
     reads at each decision, random-order play aside): each must return the same number of
     finite floats, or the error names the option (a session-56 user's features were first
     called by ``train``)."""
-    from gyre_ma.agents.manager import Featurizer
-
     calls = [c for t in played for c in t.calls]
     featured = [option.name for option in library if option.features is not None]
     if not featured or not calls:
         return
+    from gyre_ma.agents.manager import Featurizer  # torch: only where options have features
+
     space = env.observation_space(env.possible_agents[0])
     featurizer = Featurizer(space, library, example=calls[0].observation)
     featurizer.many(calls)

@@ -825,6 +825,12 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None, *,
         return _files_beside(parse_config(data, source=p.name), p.parent)
     try:
         base = parse_config(data, source=p.name).model_dump(mode="json")
+        # a role noise the file leaves to its default stays a default, which follows the manager's
+        # kind: an override (an experiment's variant) may make it an LLM manager
+        given = data.get("roles") if isinstance(data.get("roles"), dict) else {}
+        for key in LLM_ROLE_NOISE:
+            if key not in given and not any(k == f"roles.{key}" or k.startswith(f"roles.{key}.") for k in overrides):
+                base["roles"].pop(key, None)
     except ConfigError:  # the overrides may be what makes the file valid: set them on it as written
         base = dict(data or {}) if isinstance(data, dict) else data
     try:

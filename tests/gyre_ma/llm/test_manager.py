@@ -194,6 +194,10 @@ def test_an_llm_managers_roles_explore_by_sampling_unless_the_config_says_otherw
     assert (given.executor_noise.kind, given.executor_noise.start) == ("temperature", 1.5)
     mlp = parse_config({}).roles  # the MLP manager keeps parameter noise
     assert mlp.explorer_noise.kind == mlp.executor_noise.kind == "param"
+    quickstart = ROOT / "configs" / "quickstart.yaml"  # an override (an experiment's variant) makes it an LLM manager
+    variant = load_config(quickstart, {"manager.kind": "llm", "manager.llm": {"build": {}}}).roles
+    assert (variant.explorer_noise.kind, variant.executor_noise.kind) == ("epsilon", "none")
+    assert load_config(quickstart, {"train.iterations": 3}).roles == load_config(quickstart).roles
 
 
 def test_check_names_a_missing_manager_model(tmp_path):

@@ -803,9 +803,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if options:
         by_option = Table(title="option calls: how each ended (share of its calls)")
         shares = ("achieved", "failure", "step_cap", "blocked", "cut_short")
-        for col in ("option", "calls per episode", "mean steps", "achieved", "failed: its predicate",
-                    "failed: step cap", "failed: blocked, fault, timeout", "cut short"):
-            by_option.add_column(col, justify="left" if col == "option" else "right")
+        by_option.add_column("option", min_width=min(max(map(len, options)), 40), overflow="fold")  # whole names:
+        for col in ("calls per episode", "mean steps", "achieved", "failed: its predicate",  # build_assembler_mk1
+                    "failed: step cap", "failed: blocked, fault, timeout", "cut short"):    # and _mk2 read alike cut
+            by_option.add_column(col, justify="right")
         for name, row in options.items():
             if row["mean_steps"] is None:
                 by_option.add_row(name, "0", *["—"] * (1 + len(shares)))

@@ -510,3 +510,25 @@ def test_check_computes_every_options_features_on_the_decisions_it_played(tmp_pa
     assert "features of 4 options computed on the" in out and "decisions played: 2 finite values each" in out
     assert main(["check", str(tmp_path / "feats.yaml"), "--set", "library_kwargs.broken=true"]) == 2
     assert "option 'get_key': features returned a value that is not finite for agent" in capsys.readouterr().err
+
+
+def test_evals_option_table_shows_whole_option_names(tmp_path, capsys, monkeypatch):
+    """A session-56 user's build_assembler_mk1 and _mk2 both read build_assembl… in eval's table."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "longnames.py").write_text(textwrap.dedent("""
+        import dataclasses
+
+        from gyre_ma.envs.coverage.options import make_library
+        from gyre_ma.options.library import OptionLibrary
+
+
+        def library():
+            base = make_library()
+            return OptionLibrary(base.name, base.graph, [dataclasses.replace(o, name=f"build_assembler_mark_{i}")
+                                                         for i, o in enumerate(base)])
+    """))
+    (tmp_path / "long.yaml").write_text("name: long\nenv: {id: coverage_v0}\nlibrary: 'longnames:library'\n"
+                                        "manager: {kind: random}\n")
+    assert main(["eval", str(tmp_path / "long.yaml"), "--episodes", "1"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"build_assembler_mark_{i}" in out for i in range(4)), out

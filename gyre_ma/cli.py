@@ -404,8 +404,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             raise UsageError(f"nothing to resume: {str(run_dir)!r} holds no checkpoint of a run; train without "
                              "--resume to start it")
         if not (run_dir / "checkpoints" / "manifest.json").is_file():  # checked before anything is made
-            slots = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt") if p.name != INITIAL) \
-                if (run_dir / "checkpoints").is_dir() else []
+            slots = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt") if p.name != INITIAL)
             if slots:  # its files are there, the record of which to trust is not
                 raise UsageError(f"cannot resume {str(run_dir)!r}: its checkpoints/manifest.json (which slot file is "
                                  f"which, and its hash) is missing, so its checkpoints {slots[:5]} cannot be "

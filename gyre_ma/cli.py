@@ -818,12 +818,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       "(CANNOT_PROCEED), raised (a fault played on through) or ran out of time; cut short: the episode "
                       "ended first", markup=False, soft_wrap=True)
     if args.json:  # the figures, and each episode's own (for intervals of your choosing, or pairing with another run)
+        option_names = player.library.names
         episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
-                     "option_calls": len(t.calls)} | ({"goals": list(t.goals)} if goals else {})
+                     "option_calls": len(t.calls), "milestone_steps": dict(t.milestone_steps),
+                     "calls": [_call_record(c, option_names) for c in t.calls]}
+                    | ({"goals": list(t.goals)} if goals else {})
                     | ({"faults": len(t.faults), "cut_by_fault": t.cut_by_fault} if "faults/per_episode" in metrics
                        else {}) for t in trajectories]
         write_json(Path(args.json), metrics | {"episodes": episodes, "options": options})
     return 0
+
+
+def _call_record(call: Any, option_names: list[str]) -> dict[str, Any]:
+    """One option call of an episode, as ``eval --json`` lists it: who called what, when, for
+    how long, and how it ended (``termination`` as the option table's columns name it)."""
+    return {"agent": call.agent, "option": option_names[call.option], "start_step": int(call.start_step),
+            "steps": int(call.duration), "termination": call.termination.value if call.termination else None,
+            "milestones": list(call.milestones)}
 
 
 _ACHIEVED = ("milestone", "done")

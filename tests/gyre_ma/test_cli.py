@@ -306,6 +306,21 @@ def test_eval_plays_a_config_whose_manager_does_not_learn_without_a_run(tmp_path
     assert f"env (the env's own × rewards.env_reward) {result['reward/env']:.4g}" in out
     assert f"total {result['reward/total']:.4g}" in out
     assert result["success_rate"] > 0.9 and [e["task_seed"] for e in result["episodes"]][:2] == [1_000_000, 1_000_001]
+    # each episode's milestones with the step each was verified at, and its option calls in order (a session-56
+    # user of a 2,000-step task wanted to see when the learned order reached each milestone)
+    for episode in result["episodes"]:
+        calls, stamped = episode["calls"], episode["milestone_steps"]
+        assert len(calls) == episode["option_calls"] and calls
+        assert [c["start_step"] for c in calls] == sorted(c["start_step"] for c in calls)
+        for c in calls:
+            assert set(c) == {"agent", "option", "start_step", "steps", "termination", "milestones"}
+            for m in c["milestones"]:
+                assert c["start_step"] < stamped[m] <= c["start_step"] + c["steps"]
+        assert max(stamped.values()) <= episode["length"]
+        if episode["success"]:
+            assert {m for c in calls for m in c["milestones"]} <= set(stamped)
+            assert all(c["termination"] in ("milestone", "done", "failure", "max_steps", "episode", "blocked")
+                       for c in calls)
     learned = tmp_path / "learned.yaml"
     learned.write_text(oracle.read_text().replace("manager: {kind: oracle}\n", "").replace("oracle", "learned"))
     assert main(["eval", str(learned)]) == 2

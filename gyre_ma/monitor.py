@@ -133,8 +133,9 @@ class Monitor:
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Learning curves (success, episode length, reward) and per-milestone rates vs env
-    steps, from a run directory's ``metrics.csv``, to a PNG: the training episodes' and,
+    """Learning curves (success, episode length, reward: the env's own and what the learner
+    was paid) and per-milestone rates vs env steps, from a run directory's ``metrics.csv``,
+    to a PNG: the training episodes' and,
     where the run validated, the held-out validation's success and length, sampled and
     greedy."""
     import matplotlib
@@ -154,11 +155,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(12 + 2 * _legend_columns(len(milestones)), 8))
     for ax, key, label in ((axes[0, 0], "success_rate", "verified success rate"),
                            (axes[0, 1], "episode_length", "episode length (primitive steps)"),
-                           (axes[1, 0], "episode_reward", "episode reward")):
+                           (axes[1, 0], "episode_reward", "reward per training episode")):
         if key in columns:
-            ax.plot(x, columns[key], label="training episodes")
+            ax.plot(x, columns[key], label="training episodes" if key != "episode_reward" else "the env's own")
         ax.set_title(label)
         ax.set_xlabel("env steps")
+    if "reward/total" in columns:  # what the learner was paid (milestones, rules, PRM): the env's may be all zeros
+        axes[1, 0].plot(x, columns["reward/total"], "--", label="paid to the learner (reward/total)")
+        axes[1, 0].legend(fontsize=7)
     held_out = False  # the held-out validation the progress line shows, where the run ran one
     for mode, style in (("sampled", "-"), ("greedy", "--")):
         for ax, key in ((axes[0, 0], f"validation/{mode}_success"), (axes[0, 1], f"validation/{mode}_length")):

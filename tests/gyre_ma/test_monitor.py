@@ -189,10 +189,12 @@ def test_plot_draws_the_held_out_validation_beside_the_training_episodes(tmp_pat
     for i in range(4):
         validated = {"validation/sampled_success": i / 4, "validation/greedy_success": 1.0,
                      "validation/sampled_length": 40.0 - i, "validation/greedy_length": 30.0} if i % 2 else {}
-        monitor.log(iteration(i, **validated), step=100 * (i + 1))
+        monitor.log(iteration(i, **validated, **{"reward/total": 1.0 + i}), step=100 * (i + 1))
     monitor.close()
     plot_run(tmp_path)
     labels = dict(drawn)
+    # beside the env's own reward (zero on a sparse env), what the learner was paid (a session-56 user's finding)
+    assert labels["paid to the learner (reward/total)"] == [1.0, 2.0, 3.0, 4.0] and "the env's own" in labels
     assert labels["held-out validation, sampled"] in ([0.25, 0.75], [39.0, 37.0])  # validated iterations only
     assert {"training episodes", "held-out validation, sampled", "held-out validation, greedy"} <= set(labels)
     assert sum(label == "held-out validation, greedy" for label, _ in drawn) == 2  # success and length

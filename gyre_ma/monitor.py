@@ -119,10 +119,16 @@ class Monitor:
                       f"{', '.join(f'{m}@{s}' for m, s in t.milestone_steps.items()) or 'none'}",
                       "", "| agent | step | option | steps | env reward | paid | milestones | ended by |",
                       "|---|---|---|---|---|---|---|---|"]
-            for c in t.calls:
-                ended = c.termination.value if c.termination else "—"
-                lines.append(f"| {c.agent} | {c.start_step} | {library[c.option].name} | {c.duration} | "
-                             f"{c.raw_reward:.3g} | {c.reward:.3g} | {', '.join(c.milestones) or ''} | {ended} |")
+            for run in _repeats(t.calls):
+                c, ended = run[0], run[0].termination.value if run[0].termination else "—"
+                if len(run) == 1:
+                    lines.append(f"| {c.agent} | {c.start_step} | {library[c.option].name} | {c.duration} | "
+                                 f"{c.raw_reward:.3g} | {c.reward:.3g} | {', '.join(c.milestones) or ''} | {ended} |")
+                else:  # the agent's calls of one option in a row, none verifying a milestone: one row
+                    lines.append(f"| {c.agent} | {c.start_step}–{run[-1].start_step} | {library[c.option].name} "
+                                 f"×{len(run)} | {sum(r.duration for r in run)} | "
+                                 f"{sum(r.raw_reward for r in run):.3g} | {sum(r.reward for r in run):.3g} |  | "
+                                 f"{ended} |")
             lines.append("")
         path = folder / f"iteration_{iteration:05d}.md"
         atomic_write(path, "\n".join(lines).encode(), sync_dir=False)
@@ -185,6 +191,34 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+REPEATS_FROM = 3
+"""Calls in a row from which a spot check shows an agent's repeats as one row."""
+
+
+def _repeats(calls: list) -> list[list]:
+    """``calls`` as a spot check lists them, in order, an agent's run of :data:`REPEATS_FROM`
+    or more calls of the same option in a row that verified no milestone and ended alike
+    (an upkeep ``wait`` of a 2,000-step episode, called hundreds of times) gathered into one
+    entry, at its first call's place; every other call an entry of its own."""
+    runs: dict[str, list[int]] = {}  # per agent, its current run: indices into calls
+    members: list[list[int]] = []
+    for i, c in enumerate(calls):
+        run = runs.get(c.agent)
+        if run is not None and not c.milestones and _same(calls[run[0]], c):
+            run.append(i)
+        else:
+            runs[c.agent] = [i]
+            members.append(runs[c.agent])
+    entries = [run if len(run) >= REPEATS_FROM else [i] for run in members
+               for i in (run[:1] if len(run) >= REPEATS_FROM else run)]
+    return [[calls[i] for i in entry] for entry in sorted(entries)]
+
+
+def _same(first: Any, call: Any) -> bool:
+    """Whether ``call`` repeats ``first``: the same option, ended alike, neither verifying a milestone."""
+    return not first.milestones and first.option == call.option and first.termination == call.termination
 
 
 MILESTONES_INSIDE = 8

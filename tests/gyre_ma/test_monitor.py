@@ -172,6 +172,40 @@ def test_spot_checks_show_the_envs_reward_and_what_the_learner_was_paid_apart(tm
     assert "pays 0.818 with this run's gamma 0.99" in text  # the run's own, not quickstart's (a user's run read 0.995)
 
 
+def test_spot_checks_show_an_agents_repeated_calls_as_one_row(tmp_path):
+    """A session-56 user's 2,000-step factory episodes listed hundreds of one-step ``wait``
+    calls, one row each, between the calls that mattered."""
+    import numpy as np
+
+    from gyre_ma.options.examples import breakfast
+    from gyre_ma.options.option import Termination
+    from gyre_ma.rollout import OptionCall, Trajectory
+
+    library = breakfast()
+    traj = Trajectory(task_seed=7, policy_version=3, horizon=100)
+    traj.length = 30
+
+    def call(agent: str, option: int, step: int, milestones: tuple[str, ...] = ()) -> None:
+        c = OptionCall(agent=agent, agent_index=0, option=option, observation=None, mask=None, achieved=frozenset(),
+                       last_option=-1, time_fraction=0.0, log_prob=0.0, value=0.0, start_step=step,
+                       policy_version=3, task_seed=7)
+        c.duration, c.termination, c.milestones, c.reward = 1, Termination.DONE, milestones, 0.5
+        traj.calls.append(c)
+
+    for step in range(5):  # a waits five times while b works; b repeats twice, then verifies a milestone
+        call("a", 1, step)
+        if step < 3:
+            call("b", 0, step, ("m",) if step == 2 else ())
+    call("a", 0, 5)
+    text = Monitor(tmp_path).spot_check(0, [traj], library, 1, np.random.default_rng(0)).read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| a |") or line.startswith("| b |")]
+    assert rows == [f"| a | 0–4 | {library[1].name} ×5 | 5 | 0 | 2.5 |  | done |",
+                    f"| b | 0 | {library[0].name} | 1 | 0 | 0.5 |  | done |",
+                    f"| b | 1 | {library[0].name} | 1 | 0 | 0.5 |  | done |",
+                    f"| b | 2 | {library[0].name} | 1 | 0 | 0.5 | m | done |",
+                    f"| a | 5 | {library[0].name} | 1 | 0 | 0.5 |  | done |"]
+
+
 def test_plot_draws_the_held_out_validation_beside_the_training_episodes(tmp_path, monkeypatch):
     """`gyre-ma plot` drew the training episodes' curves only, not the held-out figures the
     progress line shows."""

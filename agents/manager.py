@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +17,7 @@ from gyre_ma.envs.base import NumericView
 from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option
+from gyre_ma.watchdog import OptionTimeout, watchdog
 
 if TYPE_CHECKING:
     from gyre_ma.options.decision import Decision
@@ -55,8 +58,15 @@ class Featurizer:
 
     log_span = 32.0
 
+    timeout_s: float | None = None
+    """Wall-clock bound of one call of an option's ``features`` (``backend.option_timeout_s``,
+    set by the rollout worker): past it the call is interrupted and the run stops with an
+    error naming the option (a planner that never returns had hung ``train`` without a word).
+    None: unbounded."""
+
     def __init__(self, observation_space: gym.Space, library: OptionLibrary, n_agents: int = 1, *,
-                 goals: Sequence[str] = (), example: Any = None) -> None:
+                 goals: Sequence[str] = (), example: Any = None, timeout_s: float | None = None) -> None:
+        self.timeout_s = timeout_s
         self.view = NumericView(observation_space)
         self._others = 1.0 / (n_agents - 1) if n_agents > 1 else 0.0
         """Weight of one other agent in the others slots; no slots for one agent."""
@@ -128,12 +138,21 @@ class Featurizer:
                              "array of floats")
         return size
 
-    @staticmethod
-    def _option_row(option: Option, observation: Any) -> np.ndarray:
+    def _option_row(self, option: Option, observation: Any) -> np.ndarray:
+        watch = None if self.timeout_s is None else watchdog()
+        if watch is not None:
+            watch.option_deadline = time.perf_counter() + self.timeout_s
         try:
             row = option.features(observation)  # type: ignore[misc]
+        except OptionTimeout:
+            raise UserCodeError(f"features {callable_name(option.features)} of option {option.name!r}",
+                                TimeoutError(f"no answer within backend.option_timeout_s={self.timeout_s:g} s (a "
+                                             "search that does not end on this observation?)")) from None
         except Exception as exc:
             raise UserCodeError(f"features {callable_name(option.features)} of option {option.name!r}", exc) from exc
+        finally:
+            if watch is not None:
+                watch.option_deadline = math.inf
         try:
             row = np.asarray(row, dtype=np.float32)
         except (TypeError, ValueError):

@@ -120,7 +120,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                       soft_wrap=True)
         library, config, env = _load_library_and_config(args.source, overrides)
         if args.play:
-            _play_check(config, library, env, args.play)
+            _play_check(config, library, env, args.play, args.seed)
     if variants:
         console.print("[green]ok[/green]")
     return code
@@ -181,13 +181,15 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         console.print(f"config {args.source!r}: valid (run name {config.name!r}, env {config.env.id})")
         if args.play < 0:
             raise UsageError(f"--play must be >= 0 (episodes to play), got {args.play}")
+        if args.seed < 0:
+            raise UsageError(f"--seed must be >= 0 (a task seed), got {args.seed}")
         if args.play:
-            _play_check(config, library, env, args.play)
+            _play_check(config, library, env, args.play, args.seed)
     console.print("[green]ok[/green]")
     return 0
 
 
-def _check_features(library: Any, env: Any, played: Sequence[Any]) -> None:
+def _check_features(library: Any, env: Any, played: Sequence[Any], timeout_s: float | None = None) -> None:
     """Every option's ``features`` on every decision ``check`` played (what the MLP manager
     reads at each decision, random-order play aside): each must return the same number of
     finite floats, or the error names the option (a session-56 user's features were first
@@ -199,7 +201,7 @@ def _check_features(library: Any, env: Any, played: Sequence[Any]) -> None:
     from gyre_ma.agents.manager import Featurizer  # torch: only where options have features
 
     space = env.observation_space(env.possible_agents[0])
-    featurizer = Featurizer(space, library, example=calls[0].observation)
+    featurizer = Featurizer(space, library, example=calls[0].observation, timeout_s=timeout_s)
     featurizer.many(calls)
     console.print(f"features of {len(featured)} option{'s' * (len(featured) != 1)} computed on the {len(calls)} "
                   f"decisions played: {featurizer.option_features} finite values each", markup=False, soft_wrap=True)
@@ -227,8 +229,9 @@ def _sub_policy(policy: Any) -> str:
     return {"LLMPolicy": "llm", "NeuralSubPolicy": "neural"}.get(type(policy).__name__, "scripted")
 
 
-def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int) -> None:
-    """Play ``episodes`` seeded episodes of the config's env (fresh ones; ``env``, the one
+def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int, first_seed: int = 0) -> None:
+    """Play ``episodes`` seeded episodes of the config's env, task seeds from ``first_seed``
+    (any: a training seed an error named is played again), fresh envs (``env``, the one
     already built, gives the step cap), each replayed for determinism, every reset and step
     checked (:func:`~gyre_ma.checks.check_setup`): an env or option that breaks at its first
     step fails here, not in ``train``. A config whose manager is fixed (``oracle`` or
@@ -250,8 +253,8 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
         from gyre_ma.rewards.scorer import RewardScorer
 
         engine = RewardScorer(config.rewards, library.graph, option_names=library.names).engine
-    report = check_setup(factory, library, manager=manager, seeds=tuple(range(episodes)), n_steps=int(cap),
-                         pettingzoo_tests=False, rules=engine, rule_results=found, played=played,
+    report = check_setup(factory, library, manager=manager, seeds=tuple(range(first_seed, first_seed + episodes)),
+                         n_steps=int(cap), pettingzoo_tests=False, rules=engine, rule_results=found, played=played,
                          on_fault=config.backend.on_fault)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]
@@ -265,7 +268,7 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int)
     else:
         reached = (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
                    if missed else f"goals {goals} reached")
-    _check_features(library, env, played)
+    _check_features(library, env, played, config.backend.option_timeout_s)
     cut = sum(t.cut_by_fault for t in played)
     steps = sum(t.length for t in played)
     console.print(f"played {episodes} episode{'s' * (episodes != 1)} {by}: {steps} steps in all, "
@@ -1115,6 +1118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--play", type=int, default=2, metavar="N",
                    help="with a config: play N seeded episodes of its env by a random order of its options, each "
                         "replayed for determinism, every reset and step checked (default 2; 0: validate only)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="first task seed to play (default 0); the task seed an error or fault of training names "
+                        "plays that episode's task again (by the check's own order of options)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (dotted), as train does")
     p = sub.add_parser("graph", help="draw a library's task graph")
     p.add_argument("source", help="config YAML, library YAML, or module:callable")
@@ -1242,11 +1248,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + "… (cut; --debug shows all)"
         if args.command in ("train", "eval") and getattr(exc, "playable", False):
             text += " (to play on through a rare fault like this one, set backend.on_fault: continue)"
+        seed = re.search(r"task seed (\d+)", text)
+        if args.command == "train" and seed is not None and _names_user_code(exc):
+            text += (f"; gyre-ma check {args.config} --seed {seed[1]} --play 1 plays that task again by a random "
+                     "order of the options")
         if args.command == "train" and isinstance(exc, OSError) and exc.errno in _STORAGE_FULL_OR_LOCKED:
             text += ("; the run keeps every iteration it completed: make room (or make the run root writable) "
                      "and rerun with --resume")
         err_console.print(f"gyre-ma {args.command}: error: {text}", markup=False, soft_wrap=True)
         return 2
+
+
+def _names_user_code(exc: BaseException) -> bool:
+    from gyre_ma.options.errors import UserCodeError
+
+    return isinstance(exc, UserCodeError)
 
 
 ERROR_FILE = "error.txt"

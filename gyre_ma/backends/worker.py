@@ -175,7 +175,7 @@ class RolloutKit:
         goals = self.library.graph.goals
         return Featurizer(self.env.observation_space(agents[0]), self.library, len(agents),
                           goals=goals if len(goals) > 1 and declares_goals(self.env) else (),
-                          example=self._example_observation(agents[0]))
+                          example=self._example_observation(agents[0]), timeout_s=self.option_timeout_s)
 
     FEATURE_SEED = 0
     """The task seed of the reset whose observation sizes the options' features."""

@@ -212,3 +212,38 @@ def test_the_features_length_is_read_off_an_observation_the_env_gave():
     assert kit.featurizer.option_features == 3 and SEEN
     obs, _ = make_env().reset(seed=RolloutKit.FEATURE_SEED)
     assert data_equivalence(SEEN[0], obs[kit.env.possible_agents[0]])
+
+
+HANGS_AFTER = 3
+
+
+def _hanging_library(env=None) -> OptionLibrary:
+    calls = {"n": 0}
+
+    def plan(observation):  # sizes fine, then a search that never ends on some state
+        calls["n"] += 1
+        while calls["n"] > HANGS_AFTER:
+            pass
+        return [1.0, 0.0, 0.0]
+
+    return featured_library(get_key=plan)
+
+
+def test_a_features_function_that_never_returns_stops_the_run_naming_the_option(tmp_path, capsys):
+    """A session-56 user's Sokoban planner never returned on a state it was given: ``train``
+    hung without a word while memory grew. ``backend.option_timeout_s`` bounds a features
+    call as it bounds a sub-policy's."""
+    import time
+
+    from gyre_ma.cli import main
+
+    config = tmp_path / "hang.yaml"
+    config.write_text(f"name: hang\nrun_root: {tmp_path}\nenv: {{id: gyre_ma.envs.minigrid_doorkey:make_env}}\n"
+                      "library: tests.agents.test_option_features:_hanging_library\n"
+                      "train: {iterations: 1}\nbackend: {option_timeout_s: 0.5}\n")
+    start = time.perf_counter()
+    assert main(["train", str(config), "--quiet"]) == 2
+    assert time.perf_counter() - start < 60
+    err = " ".join(capsys.readouterr().err.split())
+    assert "features tests.agents.test_option_features._hanging_library.<locals>.plan of option 'get_key' raised " \
+           "TimeoutError: no answer within backend.option_timeout_s=0.5 s" in err, err

@@ -190,7 +190,13 @@ def test_train_reports_a_users_error_in_one_line_with_exit_2(tmp_path, monkeypat
     assert len(kept) == 1 and re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d iteration 1 of 1 \(as the progress line "
                                       r"counts\): UserCodeError: sub-policy userlib\.wander of option 'go_to_\d' "
                                       r".*KeyError", kept[0]), kept
-    assert err.strip().endswith("(to play on through a rare fault like this one, set backend.on_fault: continue)")
+    seed = re.search(r"\[episode of task seed (\d+)\]", err)[1]  # a training seed: eval refuses it
+    assert err.strip().endswith(f"(to play on through a rare fault like this one, set backend.on_fault: continue); "
+                                f"gyre-ma check {_config(tmp_path)} --seed {seed} --play 1 plays that task again by a "
+                                "random order of the options")
+    assert main(["check", _config(tmp_path), "--seed", seed, "--play", "1"]) == 2  # which a session-56 note asked for
+    again = capsys.readouterr().err
+    assert "userlib.wander of option 'go_to_" in again and f"task seed {seed}" in again, again
     assert main(["train", _config(tmp_path), "--quiet"]) == 2  # a fresh attempt in the same folder
     kept = (tmp_path / "broken" / "error.txt").read_text().splitlines()
     assert len(kept) == 3 and kept[1].endswith("a fresh run started here; the errors above are an earlier attempt's")

@@ -450,6 +450,27 @@ def test_check_names_milestones_no_goal_needs_and_a_library_graph_unlike_the_env
         in " ".join(out.replace("│", " ").split())  # "starts when": the graph's prerequisites, then the predicate
 
 
+def test_the_summarys_validation_window_pools_the_last_validations():
+    from gyre_ma.cli import VALIDATION_WINDOW, _validation_window
+    from gyre_ma.metrics import wilson_interval
+
+    nan = float("nan")
+    history = [{"validation/sampled_success": 0.0, "validation/greedy_success": 0.0}] * 5 + [
+        {"validation/sampled_success": 0.25 * (k % 5), "validation/greedy_success": 1.0} if k % 3 else
+        {"validation/sampled_success": nan, "validation/greedy_success": nan} for k in range(15)]
+    window = _validation_window(history, per_mode=4)
+    kept = [row for row in history if row["validation/sampled_success"] == row["validation/sampled_success"]]
+    kept = kept[-VALIDATION_WINDOW:]
+    wins = sum(round(4 * row["validation/sampled_success"]) for row in kept)
+    assert window["validation/window_iterations"] == VALIDATION_WINDOW == len(kept)
+    assert window["validation/window_episodes"] == 4 * VALIDATION_WINDOW
+    assert window["validation/window_sampled_success"] == wins / (4 * VALIDATION_WINDOW)
+    assert (window["validation/window_sampled_success_ci95_low"],
+            window["validation/window_sampled_success_ci95_high"]) == wilson_interval(wins, 4 * VALIDATION_WINDOW)
+    assert window["validation/window_greedy_success"] == 1.0
+    assert _validation_window([{"success_rate": 1.0}], per_mode=4) == {}  # no validation: nothing claimed
+
+
 def test_training_says_its_env_steps_per_second(tmp_path, capsys):
     """A session-53 user found no throughput anywhere and worked it out from metrics.csv."""
     import re
@@ -462,6 +483,25 @@ def test_training_says_its_env_steps_per_second(tmp_path, capsys):
     assert len(rates) == 2 and all(r > 0 for r in rates)
     row = next(line for line in out.splitlines() if "env steps per second of training (this session)" in line)
     assert float(row.split("│")[2].strip().replace(",", "")) > 0
+    # a session-57 user's summary headlined the last iteration's 4 validation episodes (25 %; eval gave 77.5 %)
+    import json
+
+    import numpy as np
+
+    from gyre_ma.monitor import read_metrics
+
+    summary = json.loads((tmp_path / "q" / "summary.json").read_text())
+    columns = read_metrics(tmp_path / "q" / "metrics.csv")
+    sampled = columns["validation/sampled_success"][np.isfinite(columns["validation/sampled_success"])]
+    assert summary["validation/window_iterations"] == len(sampled) == 2
+    assert summary["validation/window_episodes"] == 2 * 4  # roles.evaluators episodes a validation, each mode
+    assert summary["validation/window_sampled_success"] == sampled.mean()
+    assert summary["validation/window_sampled_success_ci95_low"] <= sampled.mean() \
+        <= summary["validation/window_sampled_success_ci95_high"]
+    flat = " ".join(out.replace("│", " ").split())
+    assert "held-out validation, sampled: the last 2 validations' 8 episodes" in flat
+    assert "validation/sampled_success (its 4 episodes)" in flat
+    assert f"gyre-ma eval {tmp_path / 'q'} --episodes 200 (and again with --greedy)" in flat
     # a session-55 user extended a finished run and its exploration rose again, unannounced
     assert main(["train", str(config), "--resume", "--iterations", "4", "--quiet"]) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -776,7 +776,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"backend": config.backend.model_copy(update={"name": "local"})})
     tasks = evaluation_tasks(range(args.seed, args.seed + args.episodes), greedy=args.greedy, stream=args.stream)
     with Player(config, state) as player:
-        trajectories = player.play(tasks)
+        trajectories = _play_with_progress(player, tasks, config.rollout.num_envs)
     names = player.library.graph.names
     metrics = episode_metrics(trajectories, names)
     metrics |= player.arbitrate(trajectories)
@@ -874,6 +874,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        else {}) for t in trajectories]
         write_json(Path(args.json), metrics | {"episodes": episodes, "options": options})
     return 0
+
+
+EVAL_PROGRESS_SECONDS = 10.0
+"""From how long an evaluation has run, ``gyre-ma eval`` says how far it is."""
+
+
+def _play_with_progress(player: Any, tasks: list[Any], num_envs: int) -> list[Any]:
+    """``player.play(tasks)`` in rounds of a few times ``num_envs`` episodes, with a line of
+    progress after a round once :data:`EVAL_PROGRESS_SECONDS` have passed (a session-57
+    user's 200-episode eval was three silent minutes). An episode's play depends on its task
+    alone, not on which others share its round, so the figures are those of one call."""
+    size = max(4 * num_envs, 32)
+    played: list[Any] = []
+    start = time.perf_counter()
+    for at in range(0, len(tasks), size):
+        played += player.play(tasks[at:at + size])
+        spent = time.perf_counter() - start
+        if spent >= EVAL_PROGRESS_SECONDS and len(played) < len(tasks):
+            left = spent / len(played) * (len(tasks) - len(played))
+            console.print(f"eval: {len(played)} of {len(tasks)} episodes played in {spent:.0f} s, about {left:.0f} s "
+                          "left", markup=False, soft_wrap=True)
+    return played
 
 
 def _call_record(call: Any, option_names: list[str]) -> dict[str, Any]:

@@ -328,6 +328,25 @@ def test_eval_plays_a_config_whose_manager_does_not_learn_without_a_run(tmp_path
     assert f"its run directory '{tmp_path / 'learned'}' does not exist; train it first (gyre-ma train {learned})" in err
 
 
+def test_eval_says_how_far_it_is_and_its_rounds_change_no_figure(tmp_path, capsys, monkeypatch):
+    """A session-57 user's 200-episode eval ran three minutes without a word."""
+    import json
+
+    from gyre_ma import cli
+
+    oracle = tmp_path / "oracle.yaml"
+    oracle.write_text(f"name: oracle\nenv: {{id: coverage_v0}}\nmanager: {{kind: random}}\nrun_root: {tmp_path}\n")
+    assert main(["eval", str(oracle), "--episodes", "40", "--json", str(tmp_path / "one.json")]) == 0
+    assert "eval: " not in capsys.readouterr().out  # one round, within the time: no progress line
+    monkeypatch.setattr(cli, "EVAL_PROGRESS_SECONDS", 0.0)
+    assert main(["eval", str(oracle), "--episodes", "40", "--set", "rollout.num_envs=2",  # rounds of 32 episodes
+                 "--json", str(tmp_path / "rounds.json")]) == 0
+    out = capsys.readouterr().out
+    assert "eval: 32 of 40 episodes played in " in out and " s left" in out
+    one, rounds = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "rounds"))
+    assert one["episodes"] == rounds["episodes"] and one["success_rate"] == rounds["success_rate"]
+
+
 def test_eval_plays_what_the_config_says_on_the_local_backend(tmp_path, capsys):
     """A session-53 user's ``eval base.yaml --set manager.kind=random`` evaluated the run's
     learned checkpoint (the config's run existed), and a Ray-trained run's eval started Ray

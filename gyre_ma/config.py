@@ -402,6 +402,11 @@ class BufferConfig(_Section):
     the oldest chunks are deleted; the newest chunk always stays."""
 
 
+MIN_VALIDATION_EPISODES = 32
+"""The episodes a validation window must hold to set a best or roll back, where the window
+holds as many (``checkpoints.min_validation_episodes`` None)."""
+
+
 class CheckpointConfig(_Section):
     enabled: bool = True
     """Keep the three slots (latest, pre_update, best) in ``<run_dir>/checkpoints``."""
@@ -419,10 +424,13 @@ class CheckpointConfig(_Section):
     """Validation judges the success pooled over this many recent iterations' validation
     episodes (one iteration's are too few to roll back on); a rollback needs the drop on
     ``validation_window + 1`` validations in a row, two windows that share no episode."""
-    min_validation_episodes: int = Field(32, ge=1)
+    min_validation_episodes: int | None = Field(None, ge=1)
     """Validation sets a best or rolls back only on a score measured over at least this many
     episodes (the window's); after a rollback the window starts empty, so no best comes from
-    one small sample."""
+    one small sample. None: :data:`MIN_VALIDATION_EPISODES`, or the whole window where it holds
+    fewer (:attr:`ExperimentConfig.validation_window_episodes`: a session-57 user's 2 evaluators
+    filled 16, and with 32 no ``best.pt`` was ever written); a value the window cannot reach is
+    refused."""
     rollback_confidence: float = Field(0.99, ge=0.5, lt=1.0)
     """A drop below the best rolls back only when it is significant at this confidence (the
     score's upper Wilson bound below the best's lower bound, each one-sided, on the episodes
@@ -695,6 +703,39 @@ class ExperimentConfig(_Section):
                 f"group size, `roles.explorers` ({self.roles.explorers}) + `roles.executors` "
                 f"({self.roles.executors}) = {self.group_size}: one group of episodes per task seed")
         return self
+
+    @model_validator(mode="after")
+    def _validation_window_fits(self) -> ExperimentConfig:
+        wanted, holds = self.checkpoints.min_validation_episodes, self.validation_window_episodes
+        if self.checkpoints.enabled and wanted is not None and wanted > holds:
+            raise ValueError(
+                f"`checkpoints.min_validation_episodes` is {wanted}, but a validation window holds {holds} episodes "
+                f"({self._window_text}), so no best.pt would ever be written and nothing would roll back: lower it, "
+                "leave it unset (the whole window where it holds fewer than 32), or validate more episodes")
+        return self
+
+    @property
+    def validation_window_episodes(self) -> int:
+        """Episodes a full validation window holds: ``checkpoints.validation_window``
+        validations of ``roles.evaluators`` seeds played sampled and greedy (with no
+        evaluators, of the iteration's ``train.episodes_per_iteration`` training episodes)."""
+        per = 2 * self.roles.evaluators if self.roles.evaluators else self.train.episodes_per_iteration
+        return per * self.checkpoints.validation_window
+
+    @property
+    def _window_text(self) -> str:
+        if self.roles.evaluators:
+            return (f"`roles.evaluators` {self.roles.evaluators} × 2 (sampled and greedy) × "
+                    f"`checkpoints.validation_window` {self.checkpoints.validation_window}")
+        return (f"`train.episodes_per_iteration` {self.train.episodes_per_iteration} × "
+                f"`checkpoints.validation_window` {self.checkpoints.validation_window}")
+
+    @property
+    def min_validation_episodes(self) -> int:
+        """``checkpoints.min_validation_episodes``, or where it is None its default:
+        :data:`MIN_VALIDATION_EPISODES`, or the whole window where it holds fewer."""
+        wanted = self.checkpoints.min_validation_episodes
+        return wanted if wanted is not None else min(MIN_VALIDATION_EPISODES, self.validation_window_episodes)
 
     @model_validator(mode="before")
     @classmethod

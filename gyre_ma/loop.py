@@ -69,7 +69,8 @@ class Gyre:
         self.buffer = TrajectoryBuffer.from_config(
             config.buffer, store_dir=self.run_dir / "buffer" / "store" if self.run_dir else None,
             seed=config.seed) if config.buffer.enabled else None
-        self.stability = Stability.from_config(config.checkpoints, self.run_dir)
+        self.stability = Stability.from_config(config.checkpoints, self.run_dir,
+                                               min_episodes=config.min_validation_episodes)
         self.checkpoints = self.stability.checkpoints
         self.curriculum = Curriculum.from_config(config, self.env, self.library) if config.curriculum.enabled else None
         self.average = TailAverage() if self.learns and t.average_start < t.iterations else None

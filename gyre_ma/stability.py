@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gyre_ma.checkpoints import CheckpointManager, GuardDecision, NanGuard, ValidationDecision
+from gyre_ma.config import MIN_VALIDATION_EPISODES
 from gyre_ma.metrics import wilson_interval
 
 if TYPE_CHECKING:
@@ -50,8 +51,12 @@ def significant_drop(*, best: float, best_episodes: int | None, score: float, ep
 class Stability:
     """Validation scores, the NaN guard and the rollback decisions of one learner."""
 
-    def __init__(self, config: CheckpointConfig, checkpoints: CheckpointManager | None) -> None:
+    def __init__(self, config: CheckpointConfig, checkpoints: CheckpointManager | None, *,
+                 min_episodes: int | None = None) -> None:
         self.config, self.checkpoints = config, checkpoints
+        self.min_episodes = (min_episodes if min_episodes is not None else config.min_validation_episodes
+                             if config.min_validation_episodes is not None else MIN_VALIDATION_EPISODES)
+        """Episodes a window must hold to be judged (:attr:`ExperimentConfig.min_validation_episodes`)."""
         self.nan_guard = NanGuard(config.nan_max_consecutive)
         self.recent: deque[tuple[float, int, float]] = deque(maxlen=config.validation_window)
         """(success rate, episodes, mean episode length) of the last iterations' validation
@@ -62,15 +67,17 @@ class Stability:
         """Validations judged so far: the candidates the best is the highest of."""
 
     @classmethod
-    def from_config(cls, config: CheckpointConfig, run_dir: Path | None) -> Stability:
+    def from_config(cls, config: CheckpointConfig, run_dir: Path | None, *,
+                    min_episodes: int | None = None) -> Stability:
         """With ``run_dir``, the checkpoint slots live in ``<run_dir>/checkpoints``; without it
-        (or with checkpoints disabled) nothing is kept and nothing rolls back."""
+        (or with checkpoints disabled) nothing is kept and nothing rolls back. ``min_episodes``:
+        the run's :attr:`~gyre_ma.config.ExperimentConfig.min_validation_episodes`."""
         checkpoints = None
         if config.enabled and run_dir is not None:
             checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", rollback_threshold=config.rollback_threshold,
                                             lr_cut=config.lr_cut, min_lr_scale=config.min_lr_scale,
                                             large_update_kl=config.large_update_kl)
-        return cls(config, checkpoints)
+        return cls(config, checkpoints, min_episodes=min_episodes)
 
     @property
     def rollbacks_stopped(self) -> bool:
@@ -109,7 +116,7 @@ class Stability:
         bound: over 1,200 iterations an unchanged policy at 50-70 % still rolled back up to 3
         times a run against the best of hundreds of windows, each rollback halving the LR."""
         ck = self.checkpoints
-        if episodes < self.config.min_validation_episodes:
+        if episodes < self.min_episodes:
             return ValidationDecision("kept", float(score), ck.best_score, ck.lr_scale)
         self.judged += 1
         best = ck.best_score

@@ -33,6 +33,31 @@ def test_defaults_validate_and_derived_values_are_properties():
         parse_config({"credit": {"outcome_weight": 1.5}})
 
 
+def test_the_least_validation_episodes_fit_the_window(tmp_path):
+    """A session-57 user lowered roles.evaluators to 2, as the README advises for a slow env: a
+    window then held 16 episodes, checkpoints.min_validation_episodes was 32, and no best.pt
+    was ever written, without a word."""
+    assert parse_config({}).min_validation_episodes == 32  # 4 evaluators × 2 modes × a window of 4
+    assert parse_config({"roles": {"evaluators": 2}}).min_validation_episodes == 16
+    assert parse_config({"roles": {"evaluators": 1}, "checkpoints": {"validation_window": 2}}) \
+        .min_validation_episodes == 4
+    assert parse_config({"roles": {"evaluators": 0}}).min_validation_episodes == 32  # 16 training episodes × 4
+    assert parse_config({"checkpoints": {"min_validation_episodes": 8}}).min_validation_episodes == 8
+    with pytest.raises(ConfigError, match=r"`checkpoints.min_validation_episodes` is 40, but a validation window "
+                                          r"holds 32 episodes \(`roles.evaluators` 4 × 2 \(sampled and greedy\) × "
+                                          r"`checkpoints.validation_window` 4\), so no best.pt would ever be written"):
+        parse_config({"checkpoints": {"min_validation_episodes": 40}})
+    parse_config({"checkpoints": {"min_validation_episodes": 40, "enabled": False}})  # nothing judged: no matter
+
+
+def test_a_run_with_few_evaluators_keeps_a_best(tmp_path):
+    config = tmp_path / "few.yaml"
+    config.write_text(f"name: few\nrun_root: {tmp_path}\nenv: {{id: coverage_v0}}\nroles: {{evaluators: 1}}\n"
+                      "checkpoints: {validation_window: 2}\n")
+    assert main(["train", str(config), "--iterations", "3", "--quiet"]) == 0
+    assert (tmp_path / "few" / "checkpoints" / "best.pt").is_file()
+
+
 def test_every_field_has_a_docstring():
     """Every field of every section, including the sections behind ``X | None``, ``list[X]``
     and ``dict[str, X]``."""

@@ -79,6 +79,9 @@ class GyreAdapter(ParallelEnv):
             if given is not None and not callable(given):
                 raise TypeError(f"GyreAdapter: {name} must be a callable {takes}, got {given!r}")
         self._attribute = milestone_agent
+        self.credits_by_agent = milestone_agent is not None
+        """Whether the user said who reaches each milestone (``milestone_agent``); else every
+        agent's running call is credited (``gyre-ma check`` notes it where that happened)."""
         self._goals_of = episode_goals
         own = getattr(env.unwrapped, "episode_goals", None)
         self._own_goals = own if episode_goals is None and callable(own) else None

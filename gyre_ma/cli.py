@@ -189,6 +189,31 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     return 0
 
 
+def _shared_credit(played: Sequence[Any], library: Any, env: Any) -> str:
+    """Where an adapted env of several agents has no ``milestone_agent`` and a milestone was
+    credited to the calls of two agents or more at once, a line saying so with an example (a
+    session-57 user's ``p0_halfway``, reached by agent_1, was also agent_0's call's); else ""."""
+    if getattr(env, "credits_by_agent", True) or len(getattr(env, "possible_agents", ())) < 2:
+        return ""  # the user's milestone_agent, or an env of gyre-ma's own, credits as it means to
+    count, example = 0, ""
+    for t in played:
+        by: dict[str, list[Any]] = {}
+        for c in t.calls:
+            for m in c.milestones:
+                by.setdefault(m, []).append(c)
+        for m, calls in by.items():
+            if len({c.agent for c in calls}) > 1:
+                count += 1
+                example = example or (f"{m!r} to " + " and ".join(f"{c.agent}'s {library[c.option].name}"
+                                                                   for c in calls[:3]))
+    if not count:
+        return ""
+    return (f"{count} milestone verifications were credited to the running calls of several agents at once (e.g. "
+            f"{example}): without a milestone_agent the adapter credits every agent's running call. Where your env "
+            "can tell who reached a milestone, pass milestone_agent=(unwrapped, milestone) -> agent to from_pettingzoo "
+            "or from_gymnasium, so each agent's call is paid for its own")
+
+
 def _check_features(library: Any, env: Any, played: Sequence[Any], timeout_s: float | None = None) -> None:
     """Every option's ``features`` on every decision ``check`` played (what the MLP manager
     reads at each decision, random-order play aside): each must return the same number of
@@ -286,6 +311,9 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int,
     stuck = [t for t in played if t.dead_ends]
     if stuck:
         console.print(f"note: {_dead_ends(stuck, len(played))}", markup=False, soft_wrap=True)
+    shared = _shared_credit(played, library, env)
+    if shared:
+        console.print(f"note: {shared}", markup=False, soft_wrap=True)
     lost = [t for t in played if not t.success and ended_by_env(t)]
     if lost and short is None and (fixed or len(lost) == len(played)):  # a fixed manager is meant to reach them
         t = lost[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import gymnasium
@@ -461,3 +462,23 @@ def test_an_old_gym_api_or_another_packages_spaces_are_named_as_such() -> None:
     with pytest.raises(TypeError, match=r"OwnSpaces.observation_space is \(2,\) \(tuple\); expected a "
                                         r"gymnasium.spaces.Space"):
         from_gymnasium(OwnSpaces(), milestones=never, graph=spec)
+
+
+def test_check_notes_milestones_credited_to_every_agents_call() -> None:
+    """A session-57 user's VMAS transport credited ``p0_halfway``, which agent_1 reached, to
+    agent_0's running call too: without ``milestone_agent`` every running call is credited,
+    one clause of the README said so, and nothing else did."""
+    from gyre_ma.cli import _shared_credit
+
+    env = _rps()
+    library = _rps_library(env)
+    played = [run_episode(env, library, RandomManager(seed), seed=seed) for seed in range(2)]
+    assert all(t.success for t in played)  # both agents act at every step: each milestone is both calls'
+    note = _shared_credit(played, library, env)
+    assert re.match(r"4 milestone verifications were credited to the running calls of several agents at once "
+                    r"\(e\.g\. 'first_round' to player_0's \w+ and player_1's \w+\)", note), note
+    assert "pass milestone_agent=(unwrapped, milestone) -> agent to from_pettingzoo" in note
+    told = from_pettingzoo(rps_v2.env(), milestones={"first_round": lambda e: e.num_moves >= 1,
+                                                    "five_rounds": lambda e: e.num_moves >= 5},
+                           graph=RPS_GRAPH, milestone_agent=lambda raw, m: None)  # the user's word: shared
+    assert _shared_credit([run_episode(told, library, RandomManager(0), seed=0)], library, told) == ""

@@ -1311,8 +1311,37 @@ def _warnings_in_one_line(command: str) -> Iterator[None]:
         warnings.formatwarning = plain
 
 
+class Terminated(KeyboardInterrupt):
+    """``SIGTERM`` (a scheduler's or ``kill``'s stop) in ``gyre-ma train``: ended as Ctrl-C ends it."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt(wanted: bool) -> Iterator[None]:
+    """While training as the program, ``SIGTERM`` raises :class:`Terminated` in the main thread, so
+    a run stopped by ``kill`` says what it kept and how to resume, as an interrupted one does (a
+    session-57 user's killed run left no word in its log). A handler someone else installed is
+    left alone."""
+    import signal
+    import threading
+
+    if (not wanted or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    program = argv is None
     if argv is None:  # the program: import a config's modules from the folder it runs in, as python -m does
         _import_from(Path.cwd())
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1321,14 +1350,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return int(exc.code or 0)
     try:
-        with _warnings_in_one_line(args.command):
+        with _warnings_in_one_line(args.command), _terminate_as_interrupt(args.command == "train" and program):
             return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if args.debug:
             raise
-        err_console.print(f"gyre-ma {args.command}: interrupted{_INTERRUPTED_NOTE.get(args.command, '')}",
+        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        err_console.print(f"gyre-ma {args.command}: {how}{_INTERRUPTED_NOTE.get(args.command, '')}",
                           markup=False, soft_wrap=True)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:
         if args.debug:
             raise

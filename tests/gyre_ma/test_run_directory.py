@@ -168,3 +168,29 @@ def test_the_summary_says_what_best_pt_was_judged_on(tmp_path, capsys):
         assert "best.pt: validation success" in out and judged_on in out
         # not a terminal: a whole line an iteration, not a live bar cut to 80 columns
         assert all(f"iter {i}/5 · " in out for i in range(1, 6)) and "iter 5/5 · " in out
+
+
+def test_a_run_stopped_by_sigterm_says_what_it_kept_and_resumes(tmp_path):
+    """A session-57 user stopped a run with kill: the log ended with the shell's "terminated
+    by signal 15", nothing of gyre-ma's."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "long.yaml"
+    config.write_text(f"name: long\nrun_root: {tmp_path}\nenv: {{id: coverage_v0}}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "gyre_ma", "train", str(config), "--iterations", "500", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "long" / "metrics.csv"
+    deadline = time.monotonic() + 240
+    while (not metrics.is_file() or metrics.read_text().count("\n") < 3) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().endswith("gyre-ma train: terminated (SIGTERM); the run keeps every iteration it completed: "
+                                "rerun with --resume to continue it"), err
+    done = metrics.read_text().count("\n") - 1
+    assert main(["train", str(config), "--resume", "--iterations", str(done + 1), "--quiet"]) == 0
+    assert metrics.read_text().count("\n") - 1 == done + 1

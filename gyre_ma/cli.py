@@ -423,7 +423,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     )
 
     from gyre_ma.checkpoints import save_checkpoint
-    from gyre_ma.config import dump_config
+    from gyre_ma.config import code_references, dump_config
     from gyre_ma.files import write_json, write_text
     from gyre_ma.loop import Gyre
     from gyre_ma.monitor import Monitor
@@ -570,8 +570,6 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         table.add_row("env steps per second of training (this session)", f"{session_steps / session_seconds:,.0f}")
     console.print(table)
     console.print(f"run directory: {run_dir}  checkpoint: {checkpoint}")
-    from gyre_ma.config import code_references
-
     trust = " --trust-config" if code_references(config) else ""  # your own code, in the run you just trained
     console.print(f"held-out figures of final.pt with 95 % intervals: gyre-ma eval {run_dir} --episodes 200{trust} "
                   "(and again with --greedy)", markup=False, soft_wrap=True)

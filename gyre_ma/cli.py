@@ -1346,6 +1346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed its one-line usage error
+        if exc.code and argv[:1] == ["train"] and any(a.split("=")[0] == "--jobs" for a in argv):
+            err_console.print("gyre-ma train: a run plays in one process (rollout.num_envs episodes in flight, "
+                              "backend.name: ray for more processes); --jobs is gyre-ma experiment's, which trains "
+                              "several runs (seeds, variants) at once", markup=False, soft_wrap=True)
         return int(exc.code or 0)
     try:
         with _warnings_in_one_line(args.command), _terminate_as_interrupt(args.command == "train" and program):

@@ -490,6 +490,14 @@ def test_the_summarys_validation_window_pools_the_last_validations():
     assert _validation_window([{"success_rate": 1.0}], per_mode=4) == {}  # no validation: nothing claimed
 
 
+def test_train_with_jobs_points_to_experiment(capsys):
+    """Both session-57 users passed --jobs to train, which has none."""
+    assert main(["train", "any.yaml", "--jobs", "1"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unrecognized arguments: --jobs 1" in err
+    assert err.endswith("--jobs is gyre-ma experiment's, which trains several runs (seeds, variants) at once")
+
+
 def test_training_says_its_env_steps_per_second(tmp_path, capsys):
     """A session-53 user found no throughput anywhere and worked it out from metrics.csv."""
     import re

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import copy
-import math
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -17,7 +15,6 @@ from gyre_ma.envs.base import NumericView
 from gyre_ma.options.errors import UserCodeError, callable_name
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.options.option import Option
-from gyre_ma.watchdog import OptionTimeout, watchdog
 
 if TYPE_CHECKING:
     from gyre_ma.options.decision import Decision
@@ -58,15 +55,17 @@ class Featurizer:
 
     log_span = 32.0
 
-    timeout_s: float | None = None
-    """Wall-clock bound of one call of an option's ``features`` (``backend.option_timeout_s``,
-    set by the rollout worker): past it the call is interrupted and the run stops with an
-    error naming the option (a planner that never returns had hung ``train`` without a word).
-    None: unbounded."""
+    bound: Callable[[Callable[[], Any]], Any] | None = None
+    """How each call of an option's ``features`` is run: ``bound(call)``, which the rollout
+    worker sets to bound its wall-clock time (``backend.option_timeout_s``,
+    :class:`gyre_ma.watchdog.TimeBound`), raising past it, so the run stops with an error
+    naming the option (a planner that never returned had hung ``train`` without a word).
+    None: called as it is."""
 
     def __init__(self, observation_space: gym.Space, library: OptionLibrary, n_agents: int = 1, *,
-                 goals: Sequence[str] = (), example: Any = None, timeout_s: float | None = None) -> None:
-        self.timeout_s = timeout_s
+                 goals: Sequence[str] = (), example: Any = None,
+                 bound: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+        self.bound = bound
         self.view = NumericView(observation_space)
         self._others = 1.0 / (n_agents - 1) if n_agents > 1 else 0.0
         """Weight of one other agent in the others slots; no slots for one agent."""
@@ -139,20 +138,11 @@ class Featurizer:
         return size
 
     def _option_row(self, option: Option, observation: Any) -> np.ndarray:
-        watch = None if self.timeout_s is None else watchdog()
-        if watch is not None:
-            watch.option_deadline = time.perf_counter() + self.timeout_s
+        features = option.features
         try:
-            row = option.features(observation)  # type: ignore[misc]
-        except OptionTimeout:
-            raise UserCodeError(f"features {callable_name(option.features)} of option {option.name!r}",
-                                TimeoutError(f"no answer within backend.option_timeout_s={self.timeout_s:g} s (a "
-                                             "search that does not end on this observation?)")) from None
+            row = features(observation) if self.bound is None else self.bound(lambda: features(observation))
         except Exception as exc:
             raise UserCodeError(f"features {callable_name(option.features)} of option {option.name!r}", exc) from exc
-        finally:
-            if watch is not None:
-                watch.option_deadline = math.inf
         try:
             row = np.asarray(row, dtype=np.float32)
         except (TypeError, ValueError):

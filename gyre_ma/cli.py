@@ -226,7 +226,10 @@ def _check_features(library: Any, env: Any, played: Sequence[Any], timeout_s: fl
     from gyre_ma.agents.manager import Featurizer  # torch: only where options have features
 
     space = env.observation_space(env.possible_agents[0])
-    featurizer = Featurizer(space, library, example=calls[0].observation, timeout_s=timeout_s)
+    from gyre_ma.watchdog import TimeBound
+
+    featurizer = Featurizer(space, library, example=calls[0].observation,
+                            bound=None if timeout_s is None else TimeBound(timeout_s))
     featurizer.many(calls)
     console.print(f"features of {len(featured)} option{'s' * (len(featured) != 1)} computed on the {len(calls)} "
                   f"decisions played: {featurizer.option_features} finite values each", markup=False, soft_wrap=True)

@@ -25,6 +25,10 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class OptionTimeout(BaseException):
@@ -79,6 +83,27 @@ class Watchdog:
                 time.sleep(0.05)  # let the handler run before looking again
                 continue
             time.sleep(min(max(nearest - now, 0.01), 0.25))
+
+
+class TimeBound:
+    """``bound(call)`` runs ``call()`` for at most ``seconds`` of wall-clock time under this
+    process's watchdog, raising ``TimeoutError`` past them (an option's ``features``, bounded
+    by ``backend.option_timeout_s`` as its sub-policy is). Called where no sub-policy step
+    is in progress (a decision), so the option deadline is free."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = float(seconds)
+
+    def __call__(self, call: Callable[[], T]) -> T:
+        watch = watchdog()
+        watch.option_deadline = time.perf_counter() + self.seconds
+        try:
+            return call()
+        except OptionTimeout:
+            raise TimeoutError(f"no answer within backend.option_timeout_s={self.seconds:g} s (a search that does "
+                               "not end on this observation?)") from None
+        finally:
+            watch.option_deadline = math.inf
 
 
 _WATCHDOG: Watchdog | None = None

@@ -22,6 +22,7 @@ from gyre_ma.options.errors import UserCodeError
 from gyre_ma.options.library import OptionLibrary
 from gyre_ma.roles import ROLES, Role, RoleTrajectory, RolloutTask, default_roles, milestone_score, tag
 from gyre_ma.rollout import Trajectory, ask, is_users, play_episode
+from gyre_ma.watchdog import TimeBound
 
 Weights = Mapping[str, Mapping[str, torch.Tensor]]
 """``{"policy": state_dict, "critic": state_dict}`` (``critic`` optional); None for
@@ -175,7 +176,8 @@ class RolloutKit:
         goals = self.library.graph.goals
         return Featurizer(self.env.observation_space(agents[0]), self.library, len(agents),
                           goals=goals if len(goals) > 1 and declares_goals(self.env) else (),
-                          example=self._example_observation(agents[0]), timeout_s=self.option_timeout_s)
+                          example=self._example_observation(agents[0]),
+                          bound=None if self.option_timeout_s is None else TimeBound(self.option_timeout_s))
 
     FEATURE_SEED = 0
     """The task seed of the reset whose observation sizes the options' features."""

@@ -147,9 +147,26 @@ def reward_without_completion(history: History, *, window: int = 10, reward_key:
             return None
         values |= {"failed_reward_before": f0, "failed_reward_after": f1}
         also = f", and on the episodes that did not complete it rose {f0:.3g} -> {f1:.3g}"
+    milestone = _series(history, MILESTONE_REWARD_KEY, window)
+    if milestone is not None:
+        m0, m1 = halves(milestone)
+        if m1 - m0 >= MILESTONE_SHARE * (r1 - r0):  # the rise is milestones' pay: a hack, or sub-goals learnt first
+            values |= {"milestone_reward_before": m0, "milestone_reward_after": m1}
+            also += (f"; the rise is verified milestone reward ({MILESTONE_REWARD_KEY} {m0:.3g} -> {m1:.3g}), which "
+                     "is also how learning looks while the policy reaches sub-goals before it completes the task: a "
+                     "hack only where the milestones are verified without their work (a detector the env's state "
+                     "does not back; see milestones/out_of_order_episodes and the spot checks), and a gain where "
+                     f"{completion_key} follows")
     return Alarm("reward_without_completion",
                  f"{reward_key} rose {r0:.3g} -> {r1:.3g} over {window} iterations while "
                  f"{completion_key} went {c0:.3g} -> {c1:.3g}{also}", values)
+
+
+MILESTONE_REWARD_KEY = "reward/milestone"
+"""The milestones' part of the arbitrated reward per episode."""
+MILESTONE_SHARE = 0.9
+"""Share of a reward rise that, paid by milestones, the reward alarm's message says so (a
+session-57 user's PressurePlate learner raised the alarm in every run, on its way to 93 %)."""
 
 
 def calls_without_completion(history: History, *, window: int = 10, calls_key: str = "option_choices",

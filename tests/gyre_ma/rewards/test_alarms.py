@@ -62,6 +62,21 @@ def test_reward_up_with_flat_or_falling_completion_fires():
     assert reward_without_completion(hist) is None  # unmeasured: no alarm either way
 
 
+def test_the_reward_alarm_says_where_the_rise_is_milestones_pay():
+    """A session-57 user's PressurePlate learner raised the alarm in every run, on verified
+    milestone reward alone, on its way to 93 % held-out: the message now says what such a
+    rise also is, and what would make it a hack."""
+    paid = history(ramp(5, 80), [0.0] * 10)
+    for m, r in zip(paid, ramp(4, 78)):
+        m["reward/milestone"] = r
+    a = reward_without_completion(paid)
+    assert a is not None and "the rise is verified milestone reward (reward/milestone" in a.message
+    assert "a gain where success_rate follows" in a.message and a.values["milestone_reward_after"] > 40
+    for m in paid:  # the rise paid by something else (a rule, the PRM): the plain message
+        m["reward/milestone"] = 4.0
+    assert "milestone" not in reward_without_completion(paid).message
+
+
 def test_calls_up_without_completion_fires_per_key():
     h = history(ramp(1.0, 3.0), [0.2] * 10, calls=ramp(10, 150))
     for m, t in zip(h, ramp(12, 160)):

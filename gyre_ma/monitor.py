@@ -167,8 +167,12 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.set_title(label)
         ax.set_xlabel("env steps")
     if "reward/total" in columns:  # what the learner was paid (milestones, rules, PRM): the env's may be all zeros
-        axes[1, 0].plot(x, columns["reward/total"], "--", label="paid to the learner (reward/total)")
-        axes[1, 0].legend(fontsize=7)
+        paid = axes[1, 0].twinx()  # its own scale: an env's -1,200 a step penalty flattened 0-18 of milestones
+        paid.plot(x, columns["reward/total"], "--", color="tab:orange", label="paid to the learner (reward/total)")
+        paid.set_ylabel("paid to the learner", color="tab:orange")
+        axes[1, 0].set_ylabel("the env's own")
+        lines = axes[1, 0].get_lines() + paid.get_lines()
+        axes[1, 0].legend(lines, [line.get_label() for line in lines], fontsize=7)
     held_out = False  # the held-out validation the progress line shows, where the run ran one
     for mode, style in (("sampled", "-"), ("greedy", "--")):
         for ax, key in ((axes[0, 0], f"validation/{mode}_success"), (axes[0, 1], f"validation/{mode}_length")):

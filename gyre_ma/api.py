@@ -40,14 +40,27 @@ def _sets(overrides: Mapping[str, Any] | None) -> list[str]:
 
 def _run(argv: list[str], quiet: bool = False) -> None:
     """Run a command; ``quiet``: without its tables and progress on stdout (warnings and errors stay)."""
-    from gyre_ma.cli import COMMANDS, _warnings_in_one_line, build_parser
+    from gyre_ma.cli import COMMANDS, UsageError, _warnings_in_one_line, build_parser
 
     args = build_parser().parse_args(argv)
-    with _warnings_in_one_line(args.command), \
-            contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-        code = COMMANDS[args.command](args)
+    try:
+        with _warnings_in_one_line(args.command), \
+                contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            code = COMMANDS[args.command](args)
+    except UsageError as exc:  # the command's advice in this API's words, not its flags'
+        text = str(exc)
+        for flag, argument in _ARGUMENTS:
+            text = text.replace(flag, argument)
+        raise UsageError(text) from None
     if code:
         raise RuntimeError(f"gyre-ma {' '.join(argv)} ended with exit code {code}")
+
+
+_ARGUMENTS = (("--config FILE.yaml", "config='FILE.yaml'"), ("--trust-config", "trust_config=True"),
+              ("--force-config", "force_config=True"), ("--resume", "resume=True"), ("--greedy", "greedy=True"),
+              ("--iterations", "iterations="), ("--episodes", "episodes="), ("--set", "overrides="))
+"""A command's flags, as a message names them, and this API's arguments (a session-57 user
+was told to "pass --trust-config" by ``api.evaluate``)."""
 
 
 def check(source: str | Path, *, play: int = 2, overrides: Mapping[str, Any] | None = None,

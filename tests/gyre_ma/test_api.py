@@ -29,7 +29,7 @@ def test_train_resume_and_evaluate_do_what_the_commands_do(tmp_path, capsys):
                  "spot_checks/iteration_00001.md"):
         assert (run / made).is_file(), made
     assert "final.pt" in json.loads((run / "checkpoints" / "manifest.json").read_text())["files"]
-    with pytest.raises(ValueError, match="already has checkpoints; pass --resume to continue it"):
+    with pytest.raises(ValueError, match="already has checkpoints; pass resume=True to continue it"):
         api.train(config, overrides={"monitor": {"spot_checks": 1}})  # an earlier run is not overwritten
     assert api.train(config, overrides={"monitor": {"spot_checks": 1}}, iterations=3, resume=True,
                      quiet=True)["iteration"] == 2
@@ -42,6 +42,12 @@ def test_train_resume_and_evaluate_do_what_the_commands_do(tmp_path, capsys):
     again = api.evaluate(run / "checkpoints" / "final.pt", episodes=6, trust_config=True)
     assert capsys.readouterr().out.count("verified completion") == 1  # the quiet one printed no table
     assert again["success_rate"] == figures["success_rate"]  # the same seeds and stream: the same episodes
+    own_code = {"name": "cov_code", "env": {"id": "gyre_ma.envs.coverage.coverage:CoverageEnv"},
+                "library": "gyre_ma.envs.coverage.options:make_library"}
+    coded = api.train(config, overrides=own_code, iterations=1, quiet=True)  # it imports code: eval asks for trust
+    with pytest.raises(ValueError, match=r"If you trust this file, pass trust_config=True; or pass your own config "
+                                         r"with config='FILE.yaml'"):  # its words, not the command's (a user's)
+        api.evaluate(coded["run_dir"], episodes=6)
     with pytest.raises(ValueError, match=r"--seed: held-out task seeds 1073741824\.\.1073741829 must lie in "
                                          r"\[0, 2\^30"):
         api.evaluate(run, episodes=6, seed=2**30, trust_config=True)

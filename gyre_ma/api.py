@@ -57,8 +57,7 @@ def _run(argv: list[str], quiet: bool = False) -> None:
 
 
 _ARGUMENTS = (("--config FILE.yaml", "config='FILE.yaml'"), ("--trust-config", "trust_config=True"),
-              ("--force-config", "force_config=True"), ("--resume", "resume=True"), ("--greedy", "greedy=True"),
-              ("--iterations", "iterations="), ("--episodes", "episodes="), ("--set", "overrides="))
+              ("--force-config", "force_config=True"), ("--resume", "resume=True"), ("--greedy", "greedy=True"))
 """A command's flags, as a message names them, and this API's arguments (a session-57 user
 was told to "pass --trust-config" by ``api.evaluate``)."""
 

@@ -833,8 +833,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     length_ci = _mean_interval([t.length for t in trajectories])
     metrics |= {"steps_to_goal_ci95_low": steps_ci[0], "steps_to_goal_ci95_high": steps_ci[1],
                 "episode_length_ci95_low": length_ci[0], "episode_length_ci95_high": length_ci[1]}
-    table.add_row("steps to the goal (successes)", f"{metrics['steps_to_goal']:.1f}{_ci_text(steps_ci)}")
-    table.add_row("option calls to the goal (successes)", f"{metrics['calls_to_goal']:.1f}")
+    table.add_row("steps to the goal (successes)", f"{metrics['steps_to_goal']:.1f}{_ci_text(steps_ci)}" if won
+                  else "— (no episode reached it)")
+    table.add_row("option calls to the goal (successes)", f"{metrics['calls_to_goal']:.1f}" if won else "—")
     table.add_row("agents lost per episode", f"{metrics['agents_lost']:.2f}")
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
     if "faults/per_episode" in metrics:  # backend.on_fault: continue

@@ -347,6 +347,19 @@ def test_eval_says_how_far_it_is_and_its_rounds_change_no_figure(tmp_path, capsy
     assert one["episodes"] == rounds["episodes"] and one["success_rate"] == rounds["success_rate"]
 
 
+def test_eval_without_a_success_says_so_rather_than_nan(tmp_path, capsys):
+    """A session-57 user's untrained baseline showed "nan" steps to the goal."""
+    import json
+
+    cut = tmp_path / "cut.yaml"
+    cut.write_text(f"name: cut\nenv: {{id: coverage_v0}}\nmanager: {{kind: random}}\nrun_root: {tmp_path}\n"
+                   "train: {max_steps: 1}\n")  # one step: no episode can cover every target
+    assert main(["eval", str(cut), "--episodes", "4", "--json", str(tmp_path / "cut.json")]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "steps to the goal (successes) — (no episode reached it)" in out and "nan" not in out
+    assert json.loads((tmp_path / "cut.json").read_text())["success_rate"] == 0.0
+
+
 def test_eval_plays_what_the_config_says_on_the_local_backend(tmp_path, capsys):
     """A session-53 user's ``eval base.yaml --set manager.kind=random`` evaluated the run's
     learned checkpoint (the config's run existed), and a Ray-trained run's eval started Ray

@@ -44,8 +44,7 @@ def check_setup(env: Any | Callable[[], Any], library: OptionLibrary, *,
         except UserCodeError as exc:  # the probe's finding, which the rollout took for the env raising
             if isinstance(exc.error, EnvCheckError):
                 raise exc.error from None
-            if exc.args and "task seed" not in str(exc.args[0]):  # as training names it: found again by --seed
-                exc.args = (f"{exc.args[0]} [episode of task seed {seed}]", *exc.args[1:])
+            exc.name_task_seed(seed)  # as training names it: found again by --seed
             raise
         return traj.cut_by_fault
 

@@ -1378,8 +1378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + "… (cut; --debug shows all)"
         if args.command in ("train", "eval") and getattr(exc, "playable", False):
             text += " (to play on through a rare fault like this one, set backend.on_fault: continue)"
+        from gyre_ma.options.errors import UserCodeError
+
         seed = re.search(r"task seed (\d+)", text)
-        if args.command == "train" and seed is not None and _names_user_code(exc):
+        if args.command == "train" and seed is not None and isinstance(exc, UserCodeError):
             text += (f"; gyre-ma check {args.config} --seed {seed[1]} --play 1 plays that task again by a random "
                      "order of the options")
         if args.command == "train" and isinstance(exc, OSError) and exc.errno in _STORAGE_FULL_OR_LOCKED:
@@ -1387,12 +1389,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "and rerun with --resume")
         err_console.print(f"gyre-ma {args.command}: error: {text}", markup=False, soft_wrap=True)
         return 2
-
-
-def _names_user_code(exc: BaseException) -> bool:
-    from gyre_ma.options.errors import UserCodeError
-
-    return isinstance(exc, UserCodeError)
 
 
 ERROR_FILE = "error.txt"

@@ -210,19 +210,21 @@ def _repeats(calls: list) -> list[list]:
     members: list[list[int]] = []
     for i, c in enumerate(calls):
         run = runs.get(c.agent)
-        if run is not None and not c.milestones and _same(calls[run[0]], c):
+        if run is not None and _same(calls[run[0]], c):
             run.append(i)
         else:
             runs[c.agent] = [i]
             members.append(runs[c.agent])
-    entries = [run if len(run) >= REPEATS_FROM else [i] for run in members
-               for i in (run[:1] if len(run) >= REPEATS_FROM else run)]
+    entries: list[list[int]] = []
+    for run in members:  # a long run one entry, a short one a call an entry
+        entries += [run] if len(run) >= REPEATS_FROM else [[i] for i in run]
     return [[calls[i] for i in entry] for entry in sorted(entries)]
 
 
 def _same(first: Any, call: Any) -> bool:
     """Whether ``call`` repeats ``first``: the same option, ended alike, neither verifying a milestone."""
-    return not first.milestones and first.option == call.option and first.termination == call.termination
+    return (not first.milestones and not call.milestones and first.option == call.option
+            and first.termination == call.termination)
 
 
 MILESTONES_INSIDE = 8

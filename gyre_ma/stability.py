@@ -54,8 +54,9 @@ class Stability:
     def __init__(self, config: CheckpointConfig, checkpoints: CheckpointManager | None, *,
                  min_episodes: int | None = None) -> None:
         self.config, self.checkpoints = config, checkpoints
-        self.min_episodes = (min_episodes if min_episodes is not None else config.min_validation_episodes
-                             if config.min_validation_episodes is not None else MIN_VALIDATION_EPISODES)
+        if min_episodes is None:  # no run config to derive it from: the section's own, or the default
+            min_episodes = config.min_validation_episodes or MIN_VALIDATION_EPISODES
+        self.min_episodes = min_episodes
         """Episodes a window must hold to be judged (:attr:`ExperimentConfig.min_validation_episodes`)."""
         self.nan_guard = NanGuard(config.nan_max_consecutive)
         self.recent: deque[tuple[float, int, float]] = deque(maxlen=config.validation_window)

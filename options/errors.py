@@ -39,6 +39,12 @@ class UserCodeError(ValueError):
     def __reduce__(self) -> tuple:  # its __init__ takes (what, error), not the message pickle would pass
         return _revive, (type(self), self.args, self.__dict__)
 
+    def name_task_seed(self, seed: int) -> None:
+        """End the message with ``[episode of task seed S]`` where it names no task seed yet, so
+        the episode can be played again (``gyre-ma check --seed S``)."""
+        if self.args and "task seed" not in str(self.args[0]):
+            self.args = (f"{self.args[0]} [episode of task seed {seed}]", *self.args[1:])
+
 
 class UserAnswerError(UserCodeError):
     """A user's callable returned what gyre-ma cannot use (it raised nothing): the message

@@ -87,8 +87,8 @@ def play_many(kit: RolloutKit, tasks: Sequence[RolloutTask], version: int, *, ro
     deciders = kit.deciders(version)
 
     def fault(slot: int, index: int, exc: Exception) -> None:
-        if isinstance(exc, UserCodeError) and exc.args and "task seed" not in str(exc.args[0]):
-            exc.args = (f"{exc.args[0]} [episode of task seed {tasks[index].task_seed}]", *exc.args[1:])
+        if isinstance(exc, UserCodeError):
+            exc.name_task_seed(tasks[index].task_seed)
         if faults == "raise":
             raise exc
         results[index] = EpisodeFault(index, exc)

@@ -7,6 +7,7 @@ import contextlib
 import dis
 import errno
 import functools
+import json
 import re
 import sys
 import time
@@ -425,10 +426,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         TimeRemainingColumn,
     )
 
-    from gyre_ma.checkpoints import save_checkpoint
     from gyre_ma.config import code_references, dump_config
     from gyre_ma.files import write_json, write_text
-    from gyre_ma.loop import Gyre
     from gyre_ma.monitor import Monitor
     from gyre_ma.rollout import short_of_goals
 
@@ -448,12 +447,18 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                              "--resume to start it")
         held.enter_context(_lock_run(run_dir))
         change = _config_change(run_dir, config, force=args.force_config)
+        finished = (f"run {config.name!r} has already done its {config.train.iterations} iterations (checkpoints "
+                    f"in {run_dir / 'checkpoints'}); raise --iterations to train it further")
+        if _finished(run_dir, config.train.iterations):  # said before the learner is imported and built (seconds)
+            console.print(finished, markup=False, soft_wrap=True)
+            return 0
+        from gyre_ma.checkpoints import save_checkpoint
+        from gyre_ma.loop import Gyre
+
         gyre = Gyre.resume(config, run_dir)
         if gyre.next_iteration >= config.train.iterations and (run_dir / "checkpoints" / "final.pt").is_file():
             gyre.close()
-            console.print(f"run {config.name!r} has already done its {config.train.iterations} iterations "
-                          f"(checkpoints in {run_dir / 'checkpoints'}); raise --iterations to train it further",
-                          markup=False, soft_wrap=True)
+            console.print(finished, markup=False, soft_wrap=True)
             return 0
         if change:
             _record_change(run_dir, change, gyre.next_iteration)
@@ -483,6 +488,9 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             raise UsageError(f"run directory {str(run_dir)!r} holds the metrics.csv of an earlier run but no "
                              "checkpoint to resume it from; move metrics.csv away (a fresh run would overwrite it), "
                              "or choose another name/run_root")
+        from gyre_ma.checkpoints import save_checkpoint
+        from gyre_ma.loop import Gyre
+
         try:
             gyre = Gyre(config, run_dir)
         except BaseException:
@@ -499,6 +507,11 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     first = gyre.next_iteration
     held.push(functools.partial(_record_error, run_dir, gyre))  # from here on, an error is kept in the run too
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
+    if args.resume:
+        again = (f"; the {monitor.replaced} iteration(s) logged after that checkpoint are played again and their "
+                 "rows of metrics.csv replaced") if monitor.replaced else ""
+        console.print(f"resuming run {config.name!r} at iteration {first} of {config.train.iterations}, from its "
+                      f"latest checkpoint ({gyre.env_steps:,} env steps so far){again}", markup=False, soft_wrap=True)
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
     session_steps = session_seconds = 0.0  # this session's iterations
@@ -693,6 +706,19 @@ backend and Ray give the same; a run trained on a cluster may go on without it).
 
 def _may_change(key: str) -> bool:
     return key in _BUDGET_KEYS or _under(key, _PLACEMENT_KEYS)
+
+
+def _finished(run_dir: Path, iterations: int) -> bool:
+    """Whether the run's checkpoint manifest records its ``latest`` slot at the last of
+    ``iterations`` and its ``final.pt`` is there: a resume has nothing to train. False where
+    the manifest cannot say (the resume then loads the checkpoint and decides from it)."""
+    from gyre_ma.checkpoints import MANIFEST
+
+    try:
+        step = json.loads((run_dir / "checkpoints" / MANIFEST).read_text())["slots"]["latest"]["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(step, int) and step + 1 >= iterations and (run_dir / "checkpoints" / "final.pt").is_file()
 
 
 def _config_change(run_dir: Path, config: ExperimentConfig, *, force: bool) -> dict[str, Any]:

@@ -35,9 +35,13 @@ class Monitor:
         """Every row of ``metrics.csv`` as text, in iteration order."""
         self.columns: list[str] = []
         """The header: every key logged so far, in order of first appearance."""
+        self.replaced = 0
+        """Rows of the iterations at or after ``resume_at`` that the file held: a resumed run
+        plays them again and logs them anew."""
         if resume_at is not None and self.csv_path.exists():
             names, rows = _read_csv(self.csv_path)
             self.rows = [row for row in rows if float(row["iteration"]) < resume_at]
+            self.replaced = len(rows) - len(self.rows)
             self.columns = names if self.rows else []
         self._rewrite_csv()
         # imported here: importing Lightning costs seconds, which `gyre-ma plot` and `report`

@@ -8,7 +8,9 @@ its first half:
 - ``reward_without_completion`` — total reward rose (relatively, by ``reward_rise``)
   while verified completion did not rise (by more than ``completion_rise``), and the
   reward of the episodes that did *not* complete rose too, to a net payment (``failed_key``;
-  failures that merely lose fewer guard penalties are a learner avoiding violations);
+  failures that merely lose fewer guard penalties are a learner avoiding violations), and
+  the rise is not milestones' pay for more milestones verified in the task graph's order
+  (sub-goals learnt before the goal);
 - ``calls_without_completion`` — option calls (or tool calls) per episode rose, beyond
   their own scatter, while completion did not, calls per verified milestone rose too
   (``progress_key``), and the reward per episode rose (``reward_key``: calls farmed are
@@ -115,6 +117,10 @@ def _u_counts(m: int, n: int) -> tuple[int, ...]:
     return tuple((with_m[u - n] if u >= n else 0) + (with_n[u] if u < len(with_n) else 0) for u in range(m * n + 1))
 
 
+ORDER_KEY = "milestones/out_of_order_episodes"
+"""The share of an iteration's episodes that verified a milestone before its prerequisites."""
+
+
 def _flat(values: Sequence[float], completion_rise: float) -> tuple[bool, float, float]:
     a, b = halves(values)
     return b - a <= completion_rise, a, b
@@ -123,13 +129,26 @@ def _flat(values: Sequence[float], completion_rise: float) -> tuple[bool, float,
 def reward_without_completion(history: History, *, window: int = 10, reward_key: str = "reward/total",
                               completion_key: str = "success_rate", reward_rise: float = 0.25,
                               completion_rise: float = 0.05, floor: float = 1.0,
-                              failed_key: str | None = "reward/total_failed") -> Alarm | None:
+                              failed_key: str | None = "reward/total_failed",
+                              progress_key: str | None = "milestones_verified",
+                              order_key: str | None = ORDER_KEY) -> Alarm | None:
     """Total reward up by ``reward_rise`` (relative) while completion rose ≤ ``completion_rise``,
     and the reward of episodes that did not complete (``failed_key``) up by ``reward_rise`` too,
-    to above 0 (a failure paid; one that loses fewer penalties is not a hack).
+    to above 0 (a failure paid; one that loses fewer penalties is not a hack), and the rise not
+    the pay of sub-goals learnt in order: where verified milestones (``reward/milestone``) paid
+    ``MILESTONE_SHARE`` of it, the milestones verified per episode (``progress_key``) rose, and
+    no episode of the window verified a milestone before its prerequisites (``order_key``), the
+    policy reaches more of the task's milestones, each on env state and after the work the task
+    graph puts before it: how learning looks before the first completions (a session-57 user's
+    PressurePlate runs raised the alarm that way in every run, on their way to 93 %). A hack of
+    milestone pay is a detector the episode fools, which verifies milestones out of order; a
+    detector fooled in order is beyond what the metrics can tell (``gyre-ma check``'s
+    detector probes and the spot checks look at the episodes themselves).
 
     The second condition is skipped when ``failed_key`` is None or not measured over the
-    whole window (an iteration in which every episode completed has no failed reward)."""
+    whole window (an iteration in which every episode completed has no failed reward); the
+    third is never met where ``progress_key`` or ``order_key`` is None or not measured over
+    the whole window."""
     reward = _series(history, reward_key, window)
     done = _series(history, completion_key, window)
     if reward is None or done is None:
@@ -151,22 +170,40 @@ def reward_without_completion(history: History, *, window: int = 10, reward_key:
     if milestone is not None:
         m0, m1 = halves(milestone)
         if m1 - m0 >= MILESTONE_SHARE * (r1 - r0):  # the rise is milestones' pay: a hack, or sub-goals learnt first
+            doubt = _doubt_in_milestones(history, window, progress_key, order_key)
+            if doubt is None:
+                return None
             values |= {"milestone_reward_before": m0, "milestone_reward_after": m1}
-            also += (f"; the rise is verified milestone reward ({MILESTONE_REWARD_KEY} {m0:.3g} -> {m1:.3g}), which "
-                     "is also how learning looks while the policy reaches sub-goals before it completes the task: a "
-                     "hack only where the milestones are verified without their work (a detector the env's state "
-                     "does not back; see milestones/out_of_order_episodes and the spot checks), and a gain where "
-                     f"{completion_key} follows")
+            also += (f"; the rise is verified milestone reward ({MILESTONE_REWARD_KEY} {m0:.3g} -> {m1:.3g}), and "
+                     f"{doubt}: a hack where milestones are verified without their work (a detector the env's state "
+                     f"does not back; see the spot checks), a gain where {completion_key} follows")
     return Alarm("reward_without_completion",
                  f"{reward_key} rose {r0:.3g} -> {r1:.3g} over {window} iterations while "
                  f"{completion_key} went {c0:.3g} -> {c1:.3g}{also}", values)
 
 
+def _doubt_in_milestones(history: History, window: int, progress_key: str | None,
+                         order_key: str | None) -> str | None:
+    """What leaves a rise of milestone pay in doubt, in words; None where the window's
+    episodes verified more milestones per episode (second half over first) and none of them
+    a milestone before its prerequisites."""
+    progress = _series(history, progress_key, window) if progress_key else None
+    disorder = _series(history, order_key, window) if order_key else None
+    if progress is None or disorder is None:
+        return f"{progress_key} or {order_key} was not measured in every iteration, so its order is unknown"
+    if max(disorder) > 0:
+        return (f"up to {max(disorder):.0%} of an iteration's episodes verified a milestone before its "
+                f"prerequisites ({order_key})")
+    p0, p1 = halves(progress)
+    if p1 <= p0:
+        return f"the milestones verified per episode did not rise ({progress_key} {p0:.3g} -> {p1:.3g})"
+    return None
+
+
 MILESTONE_REWARD_KEY = "reward/milestone"
 """The milestones' part of the arbitrated reward per episode."""
 MILESTONE_SHARE = 0.9
-"""Share of a reward rise that, paid by milestones, the reward alarm's message says so (a
-session-57 user's PressurePlate learner raised the alarm in every run, on its way to 93 %)."""
+"""Share of a reward rise that, paid by milestones, makes it milestones' pay."""
 
 
 def calls_without_completion(history: History, *, window: int = 10, calls_key: str = "option_choices",
@@ -305,7 +342,12 @@ class AlarmConfig(BaseModel):
     alarm also needs it to rise. None: total reward and completion alone."""
     progress_key: str | None = "milestones_verified"
     """Metric holding the milestones an episode verifies on average: the calls alarms also
-    need calls per verified milestone to rise. None: calls and completion alone."""
+    need calls per verified milestone to rise, and the reward alarm passes over a rise of
+    milestone pay only where it rose. None: calls and completion alone."""
+    order_key: str | None = ORDER_KEY
+    """Metric holding the share of an iteration's episodes that verified a milestone before
+    its prerequisites: the reward alarm passes over a rise of milestone pay only where it
+    stayed 0. None: such a rise always raises the alarm."""
 
 
 class HackingMonitor:
@@ -325,7 +367,8 @@ class HackingMonitor:
             reward_without_completion(history, window=c.window, reward_key=c.reward_key,
                                       completion_key=c.completion_key, reward_rise=c.reward_rise,
                                       completion_rise=c.completion_rise, floor=c.floor,
-                                      failed_key=c.failed_key),
+                                      failed_key=c.failed_key, progress_key=c.progress_key,
+                                      order_key=c.order_key),
             rules_without_success(history, window=c.window, rule_key=c.rule_key,
                                   completion_key=c.completion_key, margin=c.rule_margin),
         ]

@@ -48,7 +48,7 @@ def test_resuming_keeps_the_rows_before_it_as_they_were(tmp_path):
     monitor.close()
     before = rows(tmp_path / "metrics.csv")
     resumed = Monitor(tmp_path, resume_at=2)
-    assert rows(tmp_path / "metrics.csv") == before[:2]
+    assert rows(tmp_path / "metrics.csv") == before[:2] and resumed.replaced == 2
     for i in (2, 3):
         resumed.log(iteration(i, **{"alarm/active": 1.0}), step=100 * (i + 1))
     resumed.close()

@@ -3,6 +3,7 @@ happened (issue #18, measurements 4 and 7)."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,10 @@ def test_a_resume_keeps_the_runs_config_unless_forced_and_says_when_it_is_finish
     err = capsys.readouterr().err
     assert "seed: 0 -> 1" in err and "train.lr" in err and "--force-config" in err
     assert train(tmp_path, "--resume", "--iterations", "2", "--set", "train.lr=0.01", "--force-config") == 0
+    with (run_dir / "metrics.csv").open() as f:
+        steps = float(next(csv.DictReader(f))["env_steps"])  # after iteration 0, where the resume goes on
+    said = "resuming run 'minigrid_doorkey' at iteration 1 of 2, from its latest checkpoint"
+    assert f"{said} ({steps:,.0f} env steps so far)\n" in capsys.readouterr().out  # where a resumed run goes on
     assert (run_dir / "config.yaml").read_text() == original  # the run's own config is not overwritten
     history = yaml.safe_load((run_dir / "config_history.yaml").read_text())
     trained_with = yaml.safe_load(original)["train"]["lr"]  # the run's own LR, from its config.yaml

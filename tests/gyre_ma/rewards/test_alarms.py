@@ -62,18 +62,32 @@ def test_reward_up_with_flat_or_falling_completion_fires():
     assert reward_without_completion(hist) is None  # unmeasured: no alarm either way
 
 
-def test_the_reward_alarm_says_where_the_rise_is_milestones_pay():
+def test_milestone_pay_for_more_milestones_in_order_is_learning_not_hacking():
     """A session-57 user's PressurePlate learner raised the alarm in every run, on verified
-    milestone reward alone, on its way to 93 % held-out: the message now says what such a
-    rise also is, and what would make it a hack."""
+    milestone reward alone, on its way to 93 % held-out: more milestones per episode, each
+    after its prerequisites. Such a rise raises no alarm; milestones verified out of order, or
+    pay that rose without more milestones, still do, and the message says which."""
     paid = history(ramp(5, 80), [0.0] * 10)
-    for m, r in zip(paid, ramp(4, 78)):
-        m["reward/milestone"] = r
+    for m, r, v in zip(paid, ramp(4, 78), ramp(1, 6)):
+        m |= {"reward/milestone": r, "milestones_verified": v, "milestones/out_of_order_episodes": 0.0}
+    assert reward_without_completion(paid) is None
+    assert HackingMonitor().check(paid) == []
+    assert reward_without_completion(paid, order_key=None) is not None  # order not watched: the alarm
+
+    paid[7]["milestones/out_of_order_episodes"] = 0.25  # a detector fooled, in one iteration
     a = reward_without_completion(paid)
     assert a is not None and "the rise is verified milestone reward (reward/milestone" in a.message
+    assert "up to 25% of an iteration's episodes verified a milestone before its prerequisites" in a.message
     assert "a gain where success_rate follows" in a.message and a.values["milestone_reward_after"] > 40
-    for m in paid:  # the rise paid by something else (a rule, the PRM): the plain message
-        m["reward/milestone"] = 4.0
+
+    paid[7]["milestones/out_of_order_episodes"] = 0.0
+    for m in paid:
+        m["milestones_verified"] = 3.0  # more pay for the same milestones
+    assert "the milestones verified per episode did not rise" in reward_without_completion(paid).message
+
+    for m, v in zip(paid, ramp(1, 6)):
+        m["milestones_verified"] = v
+        m["reward/milestone"] = 4.0  # the rise paid by something else (a rule, the PRM): the plain message
     assert "milestone" not in reward_without_completion(paid).message
 
 

@@ -296,7 +296,8 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int,
                    f"(their goals among {named}, one set an episode)")
     else:
         reached = (f"goals {missed} not reached" + ("" if fixed else " (a random order may not; training learns one)")
-                   if missed else f"goals {goals} reached")
+                   if missed else f"goals {goals} reached, all of them in {sum(t.success for t in played)} of "
+                   f"{len(played)} episodes")
     _check_features(library, env, played, config.backend.option_timeout_s)
     cut = sum(t.cut_by_fault for t in played)
     steps = sum(t.length for t in played)
@@ -426,7 +427,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         TimeRemainingColumn,
     )
 
-    from gyre_ma.config import code_references, dump_config
+    from gyre_ma.config import CODE_FILE, code_files, code_references, dump_config
     from gyre_ma.files import write_json, write_text
     from gyre_ma.monitor import Monitor
     from gyre_ma.rollout import short_of_goals
@@ -505,6 +506,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             if gyre.checkpoints is not None:  # its hash in the manifest, checked when eval loads it
                 gyre.checkpoints.record_file(initial)
     first = gyre.next_iteration
+    if code_references(config):  # the user's code as it trains, for eval to tell whether it changed since
+        write_json(run_dir / CODE_FILE, code_files(config))
     held.push(functools.partial(_record_error, run_dir, gyre))  # from here on, an error is kept in the run too
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
     if args.resume:
@@ -515,7 +518,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
     session_steps = session_seconds = 0.0  # this session's iterations
-    said_stop = said_order = said_goals = said_dead = False
+    said_stop = said_order = said_goals = said_dead = said_greedy = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps{task.fields[rate]} · {task.fields[success]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -548,6 +551,12 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                     said_dead = True
                     progress.console.print(f"warning: iteration {i}: {_dead_ends(cut, len(trajectories))} (metric "
                                            "dead_ends; warned once)", markup=False, soft_wrap=True)
+                gap = None if said_greedy else _greedy_gap(_validation_window(monitor.history,
+                                                                            config.roles.evaluators))
+                if gap is not None:
+                    said_greedy = True
+                    progress.console.print(f"warning: iteration {i}: {gap} (warned once)", markup=False,
+                                           soft_wrap=True)
                 if gyre.out_of_order is not None and not said_order:
                     said_order = True
                     progress.console.print(
@@ -591,7 +600,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                   "(and again with --greedy)", markup=False, soft_wrap=True)
     ck = gyre.checkpoints
     if ck is not None and ck.best_score is not None:  # final.pt: the policy the run ended with; best.pt may be better
-        episodes = ("held-out validation episodes" if gyre.config.roles.evaluators
+        episodes = ("held-out validation episodes, sampled and greedy together" if gyre.config.roles.evaluators
                     else "training episodes (roles.evaluators is 0: no held-out validation)")
         length = f" in {ck.best_length:.1f} steps on average" if ck.best_length is not None else ""
         console.print(f"best.pt: validation success {ck.best_score:.1%}{length} over {ck.best_episodes} {episodes}, "
@@ -629,6 +638,28 @@ def _validation_window(history: list[dict[str, float]], per_mode: int) -> dict[s
         out |= {f"validation/window_{mode}_success": wins / total, f"validation/window_{mode}_success_ci95_low": low,
                 f"validation/window_{mode}_success_ci95_high": high}
     return out | {"validation/window_episodes": float(total), "validation/window_iterations": float(len(rows))}
+
+
+def _greedy_gap(window: dict[str, float]) -> str | None:
+    """Where held-out greedy play falls far short of sampled play over a whole
+    :func:`_validation_window` (sampled at least 50 %, greedy at most half of it, their
+    intervals apart), why that may be and what to do, in words; else None. A session-58
+    user's Overcooked library (options with no milestone, a soup needing three onions
+    potted) validated at 0 % greedy against 94-96 % sampled, and nothing said why."""
+    if window.get("validation/window_iterations", 0) < VALIDATION_WINDOW:
+        return None
+    key = "validation/window_{}_success"
+    sampled, greedy = window[key.format("sampled")], window[key.format("greedy")]
+    if sampled < 0.5 or greedy > sampled / 2 or window[key.format("greedy") + "_ci95_high"] >= window[
+            key.format("sampled") + "_ci95_low"]:
+        return None
+    return (f"held-out greedy success {greedy:.0%} against sampled {sampled:.0%} over the last "
+            f"{window['validation/window_iterations']:.0f} validations ({window['validation/window_episodes']:.0f} "
+            "episodes of each). Greedy play sets aside an option its agent has tried since its milestones last changed "
+            "(so that a deterministic manager does not repeat a do-nothing option forever): where an option's "
+            "repeated calls make progress that no milestone verifies (one onion of the three a soup needs), greedy "
+            "moves on after one call. Give such units of work milestones, or read this task's figures sampled; "
+            "gyre-ma eval RUN --greedy --json FILE lists each episode's calls")
 
 
 INITIAL = "initial.pt"
@@ -821,6 +852,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if references:
             console.print(f"trusting the config stored in {path}: it imports "
                           + ", ".join(f"{k}={v!r}" for k, v in references), markup=False, soft_wrap=True)
+    for changed in _code_changed_since(path, config) if path is not None else ():
+        console.print(f"warning: {changed}", markup=False, soft_wrap=True)
     if args.greedy and not config.manager.learns:
         raise UsageError(f"--greedy: the {config.manager.kind} manager has no greedy choice to take (greedy takes a "
                          "learned manager's most likely option); evaluate it without --greedy")
@@ -1044,6 +1077,28 @@ than ``final.pt``'s on every run and its sampled success lower on 10 runs, highe
 greedy, it succeeded a little more often (on 8 runs, by 0.5-2 points; less often on 1). With the
 length tie-break (session 51, the same 16 runs), ``best.pt`` is about as good as ``final.pt``:
 sampled success higher on 8 runs, equal on 5, lower on 3; paths 0.96-1.11× as long."""
+
+
+def _code_changed_since(checkpoint: Path, config: Any) -> list[str]:
+    """Each file of the user's code that differs from what the run of ``checkpoint`` (in a
+    run directory's ``checkpoints/``) recorded when it trained (:data:`CODE_FILE`), in words;
+    empty where nothing was recorded. A session-58 user edited their env module between
+    training and evaluating, and nothing would have said so had it changed what was trained."""
+    from gyre_ma.config import CODE_FILE, code_files
+
+    recorded = checkpoint.resolve().parent.parent / CODE_FILE
+    if checkpoint.resolve().parent.name != "checkpoints" or not recorded.is_file():
+        return []
+    try:
+        then = json.loads(recorded.read_text())
+        if not isinstance(then, dict):
+            raise ValueError("not a mapping")
+    except (OSError, ValueError):
+        return [f"{recorded} cannot be read, so whether your code changed since the run trained is unknown"]
+    now = code_files(config)
+    return [f"{file} {'is gone' if file not in now else 'has changed'} since the run trained ({recorded} holds "
+            "its hash then): these figures are of your code as it is now"
+            for file, digest in then.items() if now.get(file) != digest]
 
 
 def _eval_target(args: argparse.Namespace) -> tuple[Path | None, Any]:

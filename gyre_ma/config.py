@@ -937,6 +937,34 @@ _FILES_OF_CODE = ("library", "rewards.rules_file")
 """Keys naming a YAML file whose entries may name code (an option library, a rules file)."""
 
 
+def code_files(config: ExperimentConfig) -> dict[str, str]:
+    """The SHA-256 of each file of code ``config`` names (:func:`code_references`): the
+    source file of each referenced module, as it would be imported now (the modules those
+    import are not followed), and each YAML file, by absolute path; a module that cannot be
+    found is left out. ``train`` records them (:data:`CODE_FILE`), and ``eval`` says which
+    changed since."""
+    import hashlib
+    import importlib.util
+
+    found: dict[str, str] = {}
+    for _, value in code_references(config):
+        origin: str | None = value
+        if _REFERENCE.match(value):
+            try:
+                spec = importlib.util.find_spec(value.split(":")[0])
+            except (ImportError, ValueError):
+                continue
+            origin = spec.origin if spec is not None else None
+        path = Path(origin) if origin else None
+        if path is not None and path.is_file():
+            found[str(path.resolve())] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+CODE_FILE = "code.json"
+"""In a run directory: :func:`code_files` when the run (last) started training."""
+
+
 def code_references(config: ExperimentConfig) -> list[tuple[str, str]]:
     """Every ``(dotted key, value)`` of ``config`` that makes gyre-ma import code: a
     ``module:callable`` reference anywhere (env id, library, manager policy, rule checks,

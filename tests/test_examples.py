@@ -35,5 +35,12 @@ def test_the_warehouse_example_checks_trains_and_evaluates_from_its_folder(tmp_p
         assert out.returncode == 0, out.stderr[-2000:]
         result = json.loads((work / f"{config}.json").read_text())
         assert len(result["episodes"]) == 10 and 0.0 <= result["success_rate"] <= 1.0
+        assert "since the run trained" not in out.stdout  # the code it trained with
+    with (work / "warehouse.py").open("a") as f:  # a session-58 user edited their env between train and eval
+        f.write("\n# edited after training\n")
+    out = _gyre_ma("eval", "warehouse.yaml", "--episodes", "1", "--trust-config", cwd=work)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"warning: {(work / 'warehouse.py').resolve()} has changed since the run trained" in " ".join(
+        out.stdout.split())
     oracle = json.loads((work / "oracle.yaml.json").read_text())
     assert oracle["success_rate"] == 1.0 and oracle["episode_length"] < 150  # random orders take ~160 steps

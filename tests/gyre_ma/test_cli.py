@@ -439,7 +439,8 @@ def test_check_takes_set_overrides_as_train_does(capsys):
     assert main(["check", quickstart, "--play", "0", "--set", "train.lr=-1"]) == 2
     assert "'train.lr': Input should be greater than 0 (got -1)" in capsys.readouterr().err
     assert main(["check", quickstart, "--play", "1", "--set", "env.kwargs.goal=make_wood_pickaxe"]) == 0
-    assert "goals ['make_wood_pickaxe'] reached" in " ".join(capsys.readouterr().out.split())
+    assert "goals ['make_wood_pickaxe'] reached, all of them in 1 of 1 episodes" in " ".join(
+        capsys.readouterr().out.split())  # in how many (a session-58 user's check did not say)
 
 
 def test_check_names_milestones_no_goal_needs_and_a_library_graph_unlike_the_envs(tmp_path, capsys, monkeypatch):
@@ -501,6 +502,26 @@ def test_the_summarys_validation_window_pools_the_last_validations():
             window["validation/window_sampled_success_ci95_high"]) == wilson_interval(wins, 4 * VALIDATION_WINDOW)
     assert window["validation/window_greedy_success"] == 1.0
     assert _validation_window([{"success_rate": 1.0}], per_mode=4) == {}  # no validation: nothing claimed
+
+
+def test_train_says_why_greedy_validation_falls_far_short_of_sampled():
+    """A session-58 user's Overcooked library (no option with a milestone, a soup needing three
+    onions potted) validated at 0 % greedy against 94-96 % sampled on every progress line, and
+    nothing said why: greedy sets aside an option tried since the milestones last changed."""
+    from gyre_ma.cli import VALIDATION_WINDOW, _greedy_gap, _validation_window
+
+    def gap(sampled, greedy, iterations=VALIDATION_WINDOW):
+        rows = [{"validation/sampled_success": sampled, "validation/greedy_success": greedy}] * iterations
+        return _greedy_gap(_validation_window(rows, per_mode=4))
+
+    said = gap(0.75, 0.0)
+    assert said is not None and said.startswith("held-out greedy success 0% against sampled 75% over the last 10 "
+                                                "validations (40 episodes of each)")
+    assert "one onion of the three a soup needs" in said and "--greedy --json" in said
+    assert gap(0.75, 0.0, iterations=VALIDATION_WINDOW - 1) is None  # a window not yet full
+    assert gap(0.75, 0.5) is None  # greedy more than half of sampled
+    assert gap(0.25, 0.0) is None  # sampled below one half: no policy to compare with yet
+    assert gap(0.5, 0.25) is None  # 20 of 40 against 10 of 40: the intervals overlap
 
 
 def test_train_with_jobs_points_to_experiment(capsys):

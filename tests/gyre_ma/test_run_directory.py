@@ -164,7 +164,8 @@ def test_eval_of_a_run_directory_takes_its_final_policy_then_its_best_then_its_l
 def test_the_summary_says_what_best_pt_was_judged_on(tmp_path, capsys):
     """Validation's best window chose best.pt, so its figure is called optimistic; without
     evaluators it was measured on training episodes, and the summary says so."""
-    for evaluators, judged_on in ((4, "held-out validation episodes, the window that chose it"),
+    for evaluators, judged_on in ((4, "held-out validation episodes, sampled and greedy together, the window that "
+                                      "chose it"),
                                   (0, "training episodes (roles.evaluators is 0: no held-out validation)")):
         root = tmp_path / str(evaluators)
         assert main(["train", str(DOORKEY), "--iterations", "5", "--run-root", str(root),

@@ -1,9 +1,11 @@
-"""Greedy evaluation of checkpoints with and without the detour rule (``GREEDY_DETOUR``),
-side by side: the same checkpoint, seeds and stream, the rule off (``old``) and at its
-default (``new``). Prints one JSON object.
+"""Greedy evaluation of checkpoints with and without one of greedy play's rules, side by
+side: the same checkpoint, seeds and stream, the rule off (``old``) and at its default
+(``new``). ``--rule detour``: an unlikely option no goal needs is no fallback
+(``GREEDY_DETOUR``, session 55); ``--rule repeat``: an option whose call did work its agent
+sees may be chosen again (``GREEDY_REPEATS_VISIBLE_WORK``, session 58). Prints one JSON object.
 
     python benchmarks/greedy_fallback.py --config configs/quickstart.yaml \\
-        runs/quickstart/checkpoints/final.pt --episodes 500
+        runs/quickstart/checkpoints/final.pt --episodes 500 [--rule repeat]
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ import os
 import sys
 import tempfile
 
+RULES = {"detour": ("GREEDY_DETOUR", 1e-300), "repeat": ("GREEDY_REPEATS_VISIBLE_WORK", False)}
+"""Per rule: its setting in ``gyre_ma.agents.noise`` and the value that turns it off (1e-300:
+no option is that unlikely)."""
 
-def judge(checkpoint: str, config: str | None, episodes: int) -> dict:
+
+def judge(checkpoint: str, config: str | None, episodes: int, rule: str) -> dict:
     import gyre_ma.agents.noise as noise
     from gyre_ma.cli import main
 
-    default, out = noise.GREEDY_DETOUR, {"checkpoint": checkpoint}
+    name, off = RULES[rule]
+    default, out = getattr(noise, name), {"checkpoint": checkpoint}
     try:
-        for name, value in (("old", 1e-300), ("new", default)):  # 1e-300: no option is that unlikely
-            noise.GREEDY_DETOUR = value
+        for label, value in (("old", off), ("new", default)):
+            setattr(noise, name, value)
             with tempfile.TemporaryDirectory() as folder:
                 path = os.path.join(folder, "eval.json")
                 argv = ["eval", checkpoint, "--trust-config", "--episodes", str(episodes), "--greedy", "--json", path]
@@ -34,10 +41,10 @@ def judge(checkpoint: str, config: str | None, episodes: int) -> dict:
                     raise SystemExit(f"gyre-ma eval {checkpoint} failed ({code})")
                 with open(path) as f:
                     r = json.load(f)
-            out[name] = {"success": r["success_rate"], "ci95": [r["success_ci95_low"], r["success_ci95_high"]],
-                         "mean_length": r["episode_length"]}
+            out[label] = {"success": r["success_rate"], "ci95": [r["success_ci95_low"], r["success_ci95_high"]],
+                          "mean_length": r["episode_length"]}
     finally:
-        noise.GREEDY_DETOUR = default
+        setattr(noise, name, default)
     return out
 
 
@@ -46,10 +53,11 @@ def main() -> None:
     p.add_argument("checkpoints", nargs="+")
     p.add_argument("--config", help="the config to rebuild the env from (default: each run's own)")
     p.add_argument("--episodes", type=int, default=500)
+    p.add_argument("--rule", choices=sorted(RULES), default="detour", help="the rule turned off for 'old'")
     args = p.parse_args()
     sys.path.insert(0, os.getcwd())  # a user's env modules, as gyre-ma imports them
-    print(json.dumps({"episodes": args.episodes, "runs": [judge(c, args.config, args.episodes)
-                                                          for c in args.checkpoints]}))
+    print(json.dumps({"episodes": args.episodes, "rule": args.rule,
+                      "runs": [judge(c, args.config, args.episodes, args.rule) for c in args.checkpoints]}))
 
 
 if __name__ == "__main__":

@@ -359,6 +359,7 @@ def play_episode(
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     last: dict[str, int] = {a: -1 for a in env.possible_agents}
     last_end: dict[str, Termination | None] = {a: None for a in env.possible_agents}
+    last_duration: dict[str, int] = {a: 0 for a in env.possible_agents}
     hooks = list(on_option_end)
     capacity = [opt.capacity for opt in library]
     asks_state = library.asks_state
@@ -370,6 +371,7 @@ def play_episode(
     def end(run: _Running, terminated: bool, truncated: bool, reason: Termination) -> None:
         call = run.close(terminated, truncated, reason, traj.milestone_steps, traj.milestone_agents)
         last_end[call.agent] = reason
+        last_duration[call.agent] = call.duration
         for hook in hooks:
             hook(call, env)
 
@@ -389,7 +391,7 @@ def play_episode(
         if not np.count_nonzero(mask):  # ndarray.any costs four times as much on a mask this small
             return None
         return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others,
-                        last_end[agent], traj_goals)
+                        last_end[agent], traj_goals, last_duration[agent])
 
     def start(d: Decision, choice: Choice, step: int) -> _Running:
         """The call ``choice`` starts for decision ``d``."""

@@ -40,6 +40,8 @@ class Decision:
     goals: tuple[str, ...] = ()
     """This episode's goals, where the env sets them per episode (``env.episode_goals()``);
     (): the task graph's."""
+    last_duration: int = 0
+    """Primitive steps of this agent's previous call (0 before its first)."""
 
 
 @dataclass(frozen=True)

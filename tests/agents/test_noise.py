@@ -487,3 +487,59 @@ def test_a_greedy_fallback_skips_an_unlikely_option_no_goal_needs():
     kit.deciders(0)
     names = [opt.name for opt, s in zip(kit.library, kit._actor._side, strict=True) if s]
     assert set(names) == {"make_wood_sword", "make_stone_sword", "make_iron_sword"}  # not eat, drink: upkeep
+
+
+def test_greedy_goes_on_with_an_option_whose_work_its_agent_sees(monkeypatch):
+    """Two session-58 users' libraries had options whose units of work no milestone verifies
+    (one onion potted of the three a soup needs; one load of halite of the four a shipyard
+    needs): greedy set the option aside after one call and walked into the task's trap, 0 %
+    greedy against 89-96 % sampled. An option whose call ended by its done condition after
+    more than one step and changed what its agent observes may be chosen again; one that
+    changed nothing (a do-nothing ``stay``), or took one step (where others act, or a clock
+    is observed, anything changes the observation), is set aside as before, and so is one
+    whose call failed."""
+    import gyre_ma.agents.noise as noise
+    from gyre_ma.agents.noise import PolicyActor, _Slot
+    from gyre_ma.options.option import Termination as T
+
+    pot, cook, wait = range(3)  # the argmax order: potting, then the trap, then waiting
+    log_probs = np.log([[0.7, 0.2, 0.1]])
+
+    def play(calls):
+        slot, last, how, steps, picks = _Slot(), -1, None, 0, []
+        pot_count = np.zeros(1)
+        for ended, changes, duration in calls:
+            d = Decision("agent_0", 0, pot_count, np.ones(3, dtype=bool), frozenset(), last, 0.0, None, (), how, (),
+                         steps)
+            last = int(PolicyActor._untried_argmax([slot], [d], log_probs)[0])
+            picks.append(last)
+            how, steps = ended, duration
+            if changes:
+                pot_count += 1  # in place, as an env may write its observation
+        return picks
+
+    three_onions = [(T.DONE, True, 6)] * 3
+    assert play(three_onions) == [pot, pot, pot]
+    assert play([(T.DONE, True, 6), (T.DONE, False, 6), (T.DONE, False, 6)]) == [pot, pot, cook]  # nothing changed
+    assert play([(T.DONE, True, 1), (T.DONE, True, 1), (T.DONE, True, 1)]) == [pot, cook, wait]  # one step each
+    assert play([(T.FAILURE, True, 6), (T.DONE, True, 6), (T.DONE, True, 6)]) == [pot, cook, pot]  # a failure
+    monkeypatch.setattr(noise, "GREEDY_REPEATS_VISIBLE_WORK", False)
+    assert play(three_onions) == [pot, cook, wait]  # the rule before: into the trap
+
+
+def test_observations_compare_by_value_whatever_their_type():
+    from gyre_ma.agents.noise import _same
+
+    a = {"grid": np.arange(4), "text": "you see a pot", "inventory": (1, [2, 3])}
+    assert _same(a, {"grid": np.arange(4), "text": "you see a pot", "inventory": (1, [2, 3])})
+    assert not _same(a, {**a, "grid": np.arange(1, 5)})
+    assert not _same(a, {**a, "inventory": (1, [2, 4])})
+    assert not _same(np.zeros(2), np.zeros(3)) and not _same(np.zeros(2), [0.0, 0.0])
+    assert _same("look", "look") and not _same("look", "go north") and _same(None, None)
+    assert _same({"direction": np.int64(2)}, {"direction": np.int64(2)})  # MiniGrid's: a NumPy scalar
+
+    class Odd:
+        def __eq__(self, other):
+            raise RuntimeError("no comparison")
+
+    assert not _same(Odd(), Odd())

@@ -474,8 +474,8 @@ repeatable one (upkeep), nor a likely side task."""
 
 
 GREEDY_REPEATS_VISIBLE_WORK = True
-"""Whether greedy play may choose again an option whose last call ended by its done condition
-after more than one step and changed what its agent observes (its observation at the next
+"""Whether greedy play may choose again an option with no milestone whose last call ended by
+its done condition after more than one step and changed what its agent observes (its observation at the next
 decision differs from the one at the call's choice): a unit of work that no milestone
 verifies (one onion of the three a soup needs, fetched and potted; one load of halite of the
 four a shipyard needs), not a do-nothing option, which leaves the observation as it was. One
@@ -513,6 +513,8 @@ class PolicyActor:
 
     _library: OptionLibrary | None = None
     _side: np.ndarray | None = None
+    _free: np.ndarray | None = None
+    """Per option, whether it has no milestone (:meth:`_milestone_free`); None: none has."""
     """Per option, whether greedy may skip it as a detour (:meth:`_side_tasks`); None: none."""
 
     def __init__(self, policy: ManagerPolicy, featurizer: Featurizer, *, critic: Critic | None = None,
@@ -589,7 +591,7 @@ class PolicyActor:
         greedy = [i for i, s in enumerate(rows) if s.greedy]
         if greedy:
             options[greedy] = self._untried_argmax([rows[i] for i in greedy], [decisions[i] for i in greedy],
-                                                   lp[greedy], self._side)
+                                                   lp[greedy], self._side, self._free)
         sampled = [i for i, s in enumerate(rows) if not s.greedy]
         if sampled:
             u = np.array([rows[i].uniform() for i in sampled])
@@ -648,7 +650,20 @@ class PolicyActor:
 
     @library.setter
     def library(self, library: OptionLibrary | None) -> None:
-        self._library, self._side = library, None if library is None else self._side_tasks(library)
+        self._library = library
+        self._side = None if library is None else self._side_tasks(library)
+        self._free = None if library is None else self._milestone_free(library)
+
+    @staticmethod
+    def _milestone_free(library: OptionLibrary) -> np.ndarray | None:
+        """Per option, whether it has no milestone (None: every option has one): the work of
+        such an option shows only in its done condition and the state it leaves, while an
+        option with a milestone shows it there (greedy's memory is cleared when it is
+        verified), and its further calls are more of verified work (a tech-tree collector's
+        one more berry, which greedy play repeated past the step cap on 2 of 300 quickstart
+        seeds when they were chosen again too)."""
+        free = np.array([opt.milestone is None for opt in library], dtype=bool)
+        return free if free.any() else None
 
     @staticmethod
     def _side_tasks(library: OptionLibrary) -> np.ndarray | None:
@@ -661,13 +676,15 @@ class PolicyActor:
 
     @staticmethod
     def _untried_argmax(rows: Sequence[_Slot], decisions: Sequence[Decision], log_probs: np.ndarray,
-                        side: np.ndarray | None = None) -> np.ndarray:
+                        side: np.ndarray | None = None, free: np.ndarray | None = None) -> np.ndarray:
         """Per decision, the most likely eligible option its agent has not tried since its
         milestones last changed — except that an option whose call failed is open again
         once a later call ended by its done condition (looked up before any of this batch
         is recorded), and that an unlikely option whose milestone no goal needs (``side``,
-        :data:`GREEDY_DETOUR`) is no fallback; where no eligible option is left, those tried
-        are open again, the rest staying set aside."""
+        :data:`GREEDY_DETOUR`) is no fallback, and that an option with no milestone (``free``)
+        whose call did work its agent sees stays open (:data:`GREEDY_REPEATS_VISIBLE_WORK`);
+        where no eligible option is left, those tried are open again, the rest staying set
+        aside."""
         options = []
         for s, d, row in zip(rows, decisions, log_probs, strict=True):
             last = s.tried.get(d.agent)
@@ -677,7 +694,8 @@ class PolicyActor:
                 if d.last_termination is Termination.DONE:
                     tried -= failed  # its work done (upkeep, one more item): what failed before may succeed now
                     failed = set()
-                    if GREEDY_REPEATS_VISIBLE_WORK and d.last_duration > 1 and not _same(d.observation, last[3]):
+                    if (GREEDY_REPEATS_VISIBLE_WORK and free is not None and free[d.last_option]
+                            and d.last_duration > 1 and not _same(d.observation, last[3])):
                         tried.discard(d.last_option)  # work the agent sees, not a do-nothing: it may go on
                 elif d.last_termination is not Termination.MILESTONE:
                     failed.add(d.last_option)

@@ -656,10 +656,12 @@ def _greedy_gap(window: dict[str, float]) -> str | None:
     return (f"held-out greedy success {greedy:.0%} against sampled {sampled:.0%} over the last "
             f"{window['validation/window_iterations']:.0f} validations ({window['validation/window_episodes']:.0f} "
             "episodes of each). Greedy play sets aside an option its agent has tried since its milestones last changed "
-            "(so that a deterministic manager does not repeat a do-nothing option forever): where an option's "
-            "repeated calls make progress that no milestone verifies (one onion of the three a soup needs), greedy "
-            "moves on after one call. Give such units of work milestones, or read this task's figures sampled; "
-            "gyre-ma eval RUN --greedy --json FILE lists each episode's calls")
+            "(so that a deterministic manager does not repeat a do-nothing option forever), unless the option has no "
+            "milestone and its call did work its agent sees (more than one step, a changed observation): where "
+            "repeated calls of a one-step option, or of one with a milestone, make progress that no milestone "
+            "verifies (one onion of the three a soup needs), greedy moves on after one call. Give such units of work "
+            "milestones, or read this task's figures sampled; gyre-ma eval RUN --greedy --json FILE lists each "
+            "episode's calls")
 
 
 INITIAL = "initial.pt"
@@ -937,10 +939,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options = _option_figures(trajectories, player.library)
     if options:
         by_option = Table(title="option calls: how each ended (share of its calls)")
-        shares = ("achieved", "failure", "step_cap", "blocked", "cut_short")
+        shares = ("achieved", "failure", "step_cap", "blocked", "cut_short", "verified_milestone")
         by_option.add_column("option", min_width=min(max(map(len, options)), 40), overflow="fold")  # whole names:
         for col in ("calls per episode", "mean steps", "achieved", "failed: its predicate",  # build_assembler_mk1
-                    "failed: step cap", "failed: blocked, fault, timeout", "cut short"):    # and _mk2 read alike cut
+                    "failed: step cap", "failed: blocked, fault, timeout", "cut short",     # and _mk2 read alike cut
+                    "verified a milestone"):
             by_option.add_column(col, justify="right")
         for name, row in options.items():
             if row["mean_steps"] is None:
@@ -952,7 +955,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         console.print("achieved: its milestone verified, or its done condition met; failed: its failure predicate "
                       "held (a deliberate yield is one), it reached its max_steps, or its sub-policy blocked "
                       "(CANNOT_PROCEED), raised (a fault played on through) or ran out of time; cut short: the episode "
-                      "ended first", markup=False, soft_wrap=True)
+                      "ended first; verified a milestone: one was first verified during the call (an option with no "
+                      "milestone whose done condition is a timer achieves every call: this says whether its calls "
+                      "moved the task)", markup=False, soft_wrap=True)
     if args.json:  # the figures, and each episode's own (for intervals of your choosing, or pairing with another run)
         option_names = player.library.names
         episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
@@ -1003,31 +1008,37 @@ _FAILED = {"failure": ("failure",), "step_cap": ("max_steps",), "blocked": ("blo
 def _option_figures(trajectories: Sequence[Any], library: Any) -> dict[str, dict[str, float]]:
     """Per option called: calls per episode, mean steps a call, and the shares of its calls
     that achieved what they were for, failed (``failed``, and apart: its ``failure`` predicate,
-    its ``step_cap``, ``blocked``, a fault or a timeout), or were cut short by the episode's end
+    its ``step_cap``, ``blocked``, a fault or a timeout), or were cut short by the episode's end,
+    and of those during which a milestone was first verified (``verified_milestone``: a
+    session-58 user's ``spread_out``, ended by a timer, achieved 98.9 % of its calls and never
+    caught anything)
     (which option of a library is the weak one: a session-53 user found it in the spot checks;
     a session-56 user's failure predicate yields on danger, a failure to be told from the others)."""
     names = library.names
     ended: dict[str, list[str]] = {}
     steps: dict[str, int] = {}
+    verified: dict[str, int] = {}
     for t in trajectories:
         for c in t.calls:
             name = names[c.option]
             ended.setdefault(name, []).append(c.termination.value if c.termination is not None else "episode")
             steps[name] = steps.get(name, 0) + c.duration
+            verified[name] = verified.get(name, 0) + bool(c.milestones)
     n = max(len(trajectories), 1)
     failed = tuple(e for ends in _FAILED.values() for e in ends)
     out: dict[str, dict[str, float]] = {}
     for name in names:
         if name not in ended:  # never called: every option has its row
             out[name] = {"calls_per_episode": 0.0, "mean_steps": None, "achieved": None, "failed": None,
-                         **dict.fromkeys(_FAILED), "cut_short": None}
+                         **dict.fromkeys(_FAILED), "cut_short": None, "verified_milestone": None}
             continue
         ends, calls = ended[name], len(ended[name])
         out[name] = {"calls_per_episode": calls / n, "mean_steps": steps[name] / calls,
                      "achieved": sum(e in _ACHIEVED for e in ends) / calls,
                      "failed": sum(e in failed for e in ends) / calls,
                      **{key: sum(e in kinds for e in ends) / calls for key, kinds in _FAILED.items()},
-                     "cut_short": sum(e not in _ACHIEVED + failed for e in ends) / calls}
+                     "cut_short": sum(e not in _ACHIEVED + failed for e in ends) / calls,
+                     "verified_milestone": verified[name] / calls}
     return out
 
 
@@ -1422,11 +1433,22 @@ def _terminate_as_interrupt(wanted: bool) -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _lines_as_printed() -> None:
+    """Standard output and error a line at a time where they are no terminal (a log file, a
+    pipe): Python buffers them in blocks there, so a session-58 user's redirected evals showed
+    their progress lines only when they ended, 15-25 minutes on."""
+    for stream in (sys.stdout, sys.stderr):
+        if not stream.isatty():
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(line_buffering=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     program = argv is None
     if argv is None:  # the program: import a config's modules from the folder it runs in, as python -m does
         _import_from(Path.cwd())
+        _lines_as_printed()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)

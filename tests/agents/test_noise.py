@@ -497,7 +497,8 @@ def test_greedy_goes_on_with_an_option_whose_work_its_agent_sees(monkeypatch):
     more than one step and changed what its agent observes may be chosen again; one that
     changed nothing (a do-nothing ``stay``), or took one step (where others act, or a clock
     is observed, anything changes the observation), is set aside as before, and so is one
-    whose call failed."""
+    whose call failed, and one with a milestone (a collector's one more berry: its progress
+    shows in its milestone)."""
     import gyre_ma.agents.noise as noise
     from gyre_ma.agents.noise import PolicyActor, _Slot
     from gyre_ma.options.option import Termination as T
@@ -505,13 +506,13 @@ def test_greedy_goes_on_with_an_option_whose_work_its_agent_sees(monkeypatch):
     pot, cook, wait = range(3)  # the argmax order: potting, then the trap, then waiting
     log_probs = np.log([[0.7, 0.2, 0.1]])
 
-    def play(calls):
+    def play(calls, free=np.ones(3, dtype=bool)):  # no option with a milestone, as the users' libraries
         slot, last, how, steps, picks = _Slot(), -1, None, 0, []
         pot_count = np.zeros(1)
         for ended, changes, duration in calls:
             d = Decision("agent_0", 0, pot_count, np.ones(3, dtype=bool), frozenset(), last, 0.0, None, (), how, (),
                          steps)
-            last = int(PolicyActor._untried_argmax([slot], [d], log_probs)[0])
+            last = int(PolicyActor._untried_argmax([slot], [d], log_probs, None, free)[0])
             picks.append(last)
             how, steps = ended, duration
             if changes:
@@ -523,6 +524,7 @@ def test_greedy_goes_on_with_an_option_whose_work_its_agent_sees(monkeypatch):
     assert play([(T.DONE, True, 6), (T.DONE, False, 6), (T.DONE, False, 6)]) == [pot, pot, cook]  # nothing changed
     assert play([(T.DONE, True, 1), (T.DONE, True, 1), (T.DONE, True, 1)]) == [pot, cook, wait]  # one step each
     assert play([(T.FAILURE, True, 6), (T.DONE, True, 6), (T.DONE, True, 6)]) == [pot, cook, pot]  # a failure
+    assert play(three_onions, free=np.zeros(3, dtype=bool)) == [pot, cook, wait]  # its work shows in its milestone
     monkeypatch.setattr(noise, "GREEDY_REPEATS_VISIBLE_WORK", False)
     assert play(three_onions) == [pot, cook, wait]  # the rule before: into the trap
 

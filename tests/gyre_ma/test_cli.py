@@ -386,6 +386,11 @@ def test_eval_plays_what_the_config_says_on_the_local_backend(tmp_path, capsys):
         assert abs(row["achieved"] + row["failed"] + row["cut_short"] - 1) < 1e-9
         assert abs(row["failure"] + row["step_cap"] + row["blocked"] - row["failed"]) < 1e-9
     episodes = json.loads((tmp_path / "random.json").read_text())["episodes"]
+    for name, row in options.items():  # the share of its calls that verified a milestone, from the calls listed
+        listed = [c for e in episodes for c in e["calls"] if c["option"] == name]
+        if listed:
+            assert row["verified_milestone"] == sum(bool(c["milestones"]) for c in listed) / len(listed)
+    assert "verified a milestone" in out
     calls = sum(e["option_calls"] for e in episodes) / len(episodes)
     assert abs(sum(row["calls_per_episode"] for row in options.values()) - calls) < 1e-9
     assert main(["eval", str(config), "--episodes", "4", "--json", str(tmp_path / "learned.json")]) == 0
@@ -648,3 +653,13 @@ def test_evals_option_table_shows_whole_option_names(tmp_path, capsys, monkeypat
     assert main(["eval", str(tmp_path / "long.yaml"), "--episodes", "1"]) == 0
     out = capsys.readouterr().out
     assert all(f"build_assembler_mark_{i}" in out for i in range(4)), out
+
+
+def test_the_program_prints_a_line_at_a_time_into_a_file_or_pipe(tmp_path):
+    """A session-58 user's evals, redirected to a file, showed their progress lines only when
+    they ended: Python buffers standard output in blocks where it is no terminal."""
+    code = ("import sys; from gyre_ma.cli import _lines_as_printed; _lines_as_printed(); "
+            "print(sys.stdout.line_buffering, sys.stderr.line_buffering)")
+    with (tmp_path / "log").open("w") as log:
+        subprocess.run([sys.executable, "-c", code], stdout=log, stderr=subprocess.PIPE, check=True)
+    assert (tmp_path / "log").read_text().split() == ["True", "True"]

@@ -676,8 +676,6 @@ def _has_run_checkpoints(checkpoints: Path) -> bool:
     """Whether a run's ``checkpoints`` folder holds something of its training: any file but
     :data:`INITIAL` and a manifest that records no slot (only ``initial.pt``'s hash, as a run
     killed or failed before its first checkpoint leaves it)."""
-    import json
-
     if not checkpoints.is_dir():
         return False
     for path in checkpoints.iterdir():

@@ -449,7 +449,8 @@ class _Slot:
         self.generator = torch.Generator()
         self.tried: dict[str, tuple[frozenset[str], set[int], set[int], Any]] = {}
         """Agent → (its verified milestones, the options it tried since they changed, those of
-        them whose call failed, its observation when it chose last): the greedy memory."""
+        them whose call failed, its observation when it chose last, kept where an option has no
+        milestone): the greedy memory."""
         self.uniforms: list[float] = []
         """Sampling uniforms drawn ahead from the generator, next one last."""
 
@@ -513,9 +514,9 @@ class PolicyActor:
 
     _library: OptionLibrary | None = None
     _side: np.ndarray | None = None
+    """Per option, whether greedy may skip it as a detour (:meth:`_side_tasks`); None: none."""
     _free: np.ndarray | None = None
     """Per option, whether it has no milestone (:meth:`_milestone_free`); None: none has."""
-    """Per option, whether greedy may skip it as a detour (:meth:`_side_tasks`); None: none."""
 
     def __init__(self, policy: ManagerPolicy, featurizer: Featurizer, *, critic: Critic | None = None,
                  state_scaler: StateScaler | None = None, slots: int = 1) -> None:
@@ -708,7 +709,8 @@ class PolicyActor:
                 allowed, tried, failed = d.mask, tried - eligible, failed - eligible
             options.append((s, d, tried, failed, int(np.where(allowed, row, -np.inf).argmax())))
         for s, d, tried, failed, option in options:
-            s.tried[d.agent] = (d.achieved, tried | {option}, failed, copy.deepcopy(d.observation))
+            seen = copy.deepcopy(d.observation) if free is not None else None  # compared only for such options
+            s.tried[d.agent] = (d.achieved, tried | {option}, failed, seen)
         return np.array([option for *_, option in options], dtype=np.int64)
 
 

@@ -506,8 +506,8 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             if gyre.checkpoints is not None:  # its hash in the manifest, checked when eval loads it
                 gyre.checkpoints.record_file(initial)
     first = gyre.next_iteration
-    if code_references(config):  # the user's code as it trains, for eval to tell whether it changed since
-        write_json(run_dir / CODE_FILE, code_files(config))
+    if files := code_files(config):  # the user's code as it trains, for eval to tell whether it changed since
+        write_json(run_dir / CODE_FILE, files)
     held.push(functools.partial(_record_error, run_dir, gyre))  # from here on, an error is kept in the run too
     monitor = Monitor(run_dir, resume_at=first if args.resume else None)
     if args.resume:
@@ -743,10 +743,8 @@ def _finished(run_dir: Path, iterations: int) -> bool:
     """Whether the run's checkpoint manifest records its ``latest`` slot at the last of
     ``iterations`` and its ``final.pt`` is there: a resume has nothing to train. False where
     the manifest cannot say (the resume then loads the checkpoint and decides from it)."""
-    from gyre_ma.checkpoints import MANIFEST
-
-    try:
-        step = json.loads((run_dir / "checkpoints" / MANIFEST).read_text())["slots"]["latest"]["step"]
+    try:  # the manifest named as above, not by checkpoints.MANIFEST: importing that module costs torch's seconds
+        step = json.loads((run_dir / "checkpoints" / "manifest.json").read_text())["slots"]["latest"]["step"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return isinstance(step, int) and step + 1 >= iterations and (run_dir / "checkpoints" / "final.pt").is_file()
@@ -1095,8 +1093,9 @@ def _code_changed_since(checkpoint: Path, config: Any) -> list[str]:
     training and evaluating, and nothing would have said so had it changed what was trained."""
     from gyre_ma.config import CODE_FILE, code_files
 
-    recorded = checkpoint.resolve().parent.parent / CODE_FILE
-    if checkpoint.resolve().parent.name != "checkpoints" or not recorded.is_file():
+    folder = checkpoint.resolve().parent
+    recorded = folder.parent / CODE_FILE
+    if folder.name != "checkpoints" or not recorded.is_file():
         return []
     try:
         then = json.loads(recorded.read_text())

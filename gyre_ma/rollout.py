@@ -357,9 +357,7 @@ def play_episode(
     traj = Trajectory(task_seed=seed, policy_version=policy_version,
                       horizon=min(cap, int(env_cap)) if env_cap is not None else cap, goals=traj_goals)
     running: dict[str, _Running | None] = {a: None for a in env.agents}
-    last: dict[str, int] = {a: -1 for a in env.possible_agents}
-    last_end: dict[str, Termination | None] = {a: None for a in env.possible_agents}
-    last_duration: dict[str, int] = {a: 0 for a in env.possible_agents}
+    previous: dict[str, OptionCall | None] = {a: None for a in env.possible_agents}  # its last call, ended
     hooks = list(on_option_end)
     capacity = [opt.capacity for opt in library]
     asks_state = library.asks_state
@@ -370,8 +368,7 @@ def play_episode(
 
     def end(run: _Running, terminated: bool, truncated: bool, reason: Termination) -> None:
         call = run.close(terminated, truncated, reason, traj.milestone_steps, traj.milestone_agents)
-        last_end[call.agent] = reason
-        last_duration[call.agent] = call.duration
+        previous[call.agent] = call
         for hook in hooks:
             hook(call, env)
 
@@ -390,8 +387,12 @@ def play_episode(
                 mask[option] = False
         if not np.count_nonzero(mask):  # ndarray.any costs four times as much on a mask this small
             return None
-        return Decision(agent, agent_index[agent], obs, mask, verified, last[agent], step / cap, env, others,
-                        last_end[agent], traj_goals, last_duration[agent])
+        before = previous[agent]
+        if before is None:
+            return Decision(agent, agent_index[agent], obs, mask, verified, -1, step / cap, env, others, None,
+                            traj_goals)
+        return Decision(agent, agent_index[agent], obs, mask, verified, before.option, step / cap, env, others,
+                        before.termination, traj_goals, before.duration)
 
     def start(d: Decision, choice: Choice, step: int) -> _Running:
         """The call ``choice`` starts for decision ``d``."""
@@ -406,7 +407,6 @@ def play_episode(
             task_seed=seed, state=_global_state(env) if record_state else None, others=d.others, goals=d.goals,
         )
         traj.calls.append(call)
-        last[d.agent] = choice.option
         return _Running(call, OptionContext(d.agent, env, d.observation, d.achieved, rng=rng), library[choice.option])
 
     verified = _verified(env, 0, names=True)

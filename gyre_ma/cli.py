@@ -513,7 +513,10 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     if args.resume:
         again = (f"; the {monitor.replaced} iteration(s) logged after that checkpoint are played again and their "
                  "rows of metrics.csv replaced") if monitor.replaced else ""
-        console.print(f"resuming run {config.name!r} at iteration {first} of {config.train.iterations}, from its "
+        if monitor.lacks(first - 1) and (row := gyre.last_metrics) is not None and row["iteration"] == first - 1:
+            monitor.log(row, step=int(row["env_steps"]))  # the stop came between the checkpoint and its row
+            again += f"; iteration {first}'s row of metrics.csv, which the stop cut, written from the checkpoint"
+        console.print(f"resuming run {config.name!r} after iteration {first} of {config.train.iterations}, from its "
                       f"latest checkpoint ({gyre.env_steps:,} env steps so far){again}", markup=False, soft_wrap=True)
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}

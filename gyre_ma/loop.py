@@ -62,6 +62,9 @@ class Gyre:
         self.version = self.env_steps = self.next_iteration = 0
         self._played: dict[str, float] = {}
         """This iteration's faults and option timeouts, in training and validation episodes."""
+        self.last_metrics: dict[str, float] | None = None
+        """The last iteration's metrics, kept in its checkpoint: a stop between the checkpoint and
+        ``metrics.csv``'s row loses no row (a resume writes it from here)."""
         self.out_of_order: str | None = None
         """The last iteration's first milestone verified before its prerequisites, in words (None: none)."""
         self._tempered: tuple[int, float] | None = None
@@ -235,6 +238,7 @@ class Gyre:
         metrics |= self._backend_counts()
         metrics |= {"env_steps": float(self.env_steps), "policy_version": float(self.version),
                     "rollout_seconds": rollout_s, "iteration_seconds": time.perf_counter() - start}
+        self.last_metrics = metrics
         if self.checkpoints is not None:
             self.checkpoints.save("latest", self.state_dict(), step=i)
         return (metrics, trajectories) if return_trajectories else metrics
@@ -317,7 +321,7 @@ class Gyre:
         counters, RNG states, noise σ and targets, reward models, buffer pools, curriculum."""
         return self.learner.state_dict() | {
             "version": self.version, "env_steps": self.env_steps, "next_iteration": self.next_iteration,
-            "rng": rng_snapshot(torch_generators=self._generators()),
+            "metrics": self.last_metrics, "rng": rng_snapshot(torch_generators=self._generators()),
             "noise": self.noise.state_dict(), "rewards": self.rewards.state_dict(), **self.stability.state_dict(),
             "buffer": self.buffer.state_dict() if self.buffer is not None else None,
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
@@ -330,6 +334,7 @@ class Gyre:
         self.learner.load_state_dict(state)
         self.version, self.env_steps = state["version"], state["env_steps"]
         self.next_iteration = state.get("next_iteration", 0)
+        self.last_metrics = state.get("metrics")  # written since session 59
         if "rng" in state:
             restore_rng(state["rng"], torch_generators=self._generators())
         for part, key in ((self.noise, "noise"), (self.rewards, "rewards"), (self.buffer, "buffer"),

@@ -51,6 +51,10 @@ class Monitor:
         self.tensorboard = TensorBoardLogger(self.run_dir, name="tensorboard", version="", default_hp_metric=False)
         self.history: list[dict[str, float]] = []
 
+    def lacks(self, iteration: int) -> bool:
+        """Whether ``metrics.csv`` has no row of ``iteration`` (0-based; False below 0)."""
+        return iteration >= 0 and not any(float(row["iteration"]) == iteration for row in self.rows)
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         """One iteration's metrics to every logger at ``step``; ``metrics.csv`` is written now."""
         self.history.append(dict(metrics))

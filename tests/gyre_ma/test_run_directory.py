@@ -84,7 +84,7 @@ def test_a_resume_keeps_the_runs_config_unless_forced_and_says_when_it_is_finish
     assert train(tmp_path, "--resume", "--iterations", "2", "--set", "train.lr=0.01", "--force-config") == 0
     with (run_dir / "metrics.csv").open() as f:
         steps = float(next(csv.DictReader(f))["env_steps"])  # after iteration 0, where the resume goes on
-    said = "resuming run 'minigrid_doorkey' at iteration 1 of 2, from its latest checkpoint"
+    said = "resuming run 'minigrid_doorkey' after iteration 1 of 2, from its latest checkpoint"
     assert f"{said} ({steps:,.0f} env steps so far)\n" in capsys.readouterr().out  # where a resumed run goes on
     assert (run_dir / "config.yaml").read_text() == original  # the run's own config is not overwritten
     history = yaml.safe_load((run_dir / "config_history.yaml").read_text())
@@ -135,6 +135,21 @@ def test_a_run_killed_after_its_last_iteration_but_before_final_pt_finishes_on_r
     final.unlink()  # as if killed between the last latest slot and final.pt
     assert train(tmp_path, "--resume", "--iterations", "1") == 0
     assert final.is_file()
+
+
+def test_a_stop_between_the_checkpoint_and_its_metrics_row_loses_no_row(tmp_path, capsys):
+    """Session 58's CI: SIGTERM came after iteration 3's checkpoint, before its row; the resume
+    went on from iteration 3 and metrics.csv never had that row."""
+    assert train(tmp_path, "--iterations", "2") == 0
+    metrics = tmp_path / "minigrid_doorkey" / "metrics.csv"
+    full = metrics.read_text()
+    metrics.write_text(full[: full.rstrip("\n").rfind("\n") + 1])  # the last row, as a stop there leaves it
+    (tmp_path / "minigrid_doorkey" / "checkpoints" / "final.pt").unlink()
+    capsys.readouterr()
+    assert train(tmp_path, "--resume", "--iterations", "2") == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "iteration 2's row of metrics.csv, which the stop cut, written from the checkpoint" in said
+    assert metrics.read_text() == full  # the same row, bit for bit
 
 
 def test_eval_of_a_run_directory_takes_its_final_policy_then_its_best_then_its_latest(tmp_path, capsys):

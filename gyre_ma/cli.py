@@ -521,6 +521,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     spot_rng = np.random.default_rng([config.seed, first])
     metrics: dict[str, float] = {}
     session_steps = session_seconds = 0.0  # this session's iterations
+    session_start = time.monotonic()
     said_stop = said_order = said_goals = said_dead = said_greedy = False
     columns = (TextColumn("[bold]iter {task.completed}/{task.total}"), BarColumn(),
                TextColumn("{task.fields[steps]} env steps{task.fields[rate]} · {task.fields[success]}"),
@@ -541,9 +542,11 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                                    config.credit.gamma)
                 progress.update(task, advance=1, steps=int(metrics["env_steps"]), rate=rate,
                                 success=_success_line(metrics))
-                if not live and not args.quiet:
+                if not live and not args.quiet:  # a live bar shows its own time left
+                    left = (time.monotonic() - session_start) / (i + 1 - first) * (config.train.iterations - i - 1)
                     console.print(f"iter {i + 1}/{config.train.iterations} · {int(metrics['env_steps'])} env steps"
-                                  f"{rate} · {_success_line(metrics)}", markup=False, soft_wrap=True)
+                                  f"{rate} · {_success_line(metrics)} · {_duration(left)} left at this rate",
+                                  markup=False, soft_wrap=True)
                 said_stop = _say_rollbacks(progress.console, gyre, metrics, i, said_stop)
                 short = None if said_goals else short_of_goals(trajectories, gyre.library.graph.goals)
                 if short is not None:
@@ -792,6 +795,14 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     for k, v in node.items():
         out |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
     return out
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person reads a wait: "40 s", "12 min", "1 h 05 min"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def _success_line(metrics: dict[str, float]) -> str:

@@ -23,7 +23,14 @@ from gyre_ma.buffer import TrajectoryBuffer
 from gyre_ma.checkpoints import ValidationDecision, restore_rng, rng_snapshot
 from gyre_ma.config import ExperimentConfig
 from gyre_ma.curriculum import Curriculum
-from gyre_ma.metrics import anchor_metrics, counted_success_rate, episode_metrics, goal_metrics, out_of_order
+from gyre_ma.metrics import (
+    anchor_metrics,
+    counted_success_rate,
+    episode_metrics,
+    goal_metrics,
+    option_shares,
+    out_of_order,
+)
 from gyre_ma.options.option import Termination
 from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
@@ -207,6 +214,7 @@ class Gyre:
         rollout_s = time.perf_counter() - start
         metrics |= self._played_counts(i, trajectories)  # first: episode_metrics' fault shares where any
         metrics |= rollout_metrics | episode_metrics(trajectories, self.library.graph.names)
+        metrics |= option_shares(trajectories, self.library.names)
         metrics |= goal_metrics(trajectories, self.library.graph.goals)
         share, self.out_of_order = out_of_order(trajectories, self.library.graph)
         metrics["milestones/out_of_order_episodes"] = share

@@ -66,6 +66,15 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     return out
 
 
+def option_shares(trajectories: Sequence[Trajectory], names: Sequence[str]) -> dict[str, float]:
+    """``option/<name>/share``: the share of ``trajectories``' option calls that ran the option
+    ``name`` (0 where there were none): which options the policy leans on, and how that moves."""
+    chosen = np.array([c.option for t in trajectories for c in t.calls], dtype=np.int64)
+    counts = np.bincount(chosen, minlength=len(names))[: len(names)]
+    total = max(int(counts.sum()), 1)
+    return {f"option/{name}/share": count / total for name, count in zip(names, counts.tolist(), strict=True)}
+
+
 def goal_metrics(trajectories: Sequence[Trajectory], goals: Sequence[str]) -> dict[str, float]:
     """Where episodes have their own goals (``Trajectory.goals``), per graph goal ``g``:
     ``goal/<g>/episode_share``, the share of episodes that had it, and ``goal/<g>/success_rate``

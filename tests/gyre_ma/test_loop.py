@@ -13,7 +13,7 @@ import torch
 from gyre_ma.checkpoints import load_checkpoint, save_checkpoint
 from gyre_ma.config import load_config
 from gyre_ma.loop import Gyre
-from gyre_ma.metrics import anchor_metrics, episode_metrics
+from gyre_ma.metrics import anchor_metrics, episode_metrics, option_shares
 from gyre_ma.rollout import OptionCall, Trajectory
 from gyre_ma.training_batch import anchor_inputs, build_batch, segment
 
@@ -234,6 +234,20 @@ def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
     assert episode_metrics([both], ())["agents_lost"] == 0.0
     both.milestone_steps.update({"key": 3, "door": 20, "not_in_graph": 25})
     assert episode_metrics([died, both], ("key", "door", "goal"))["milestones_verified"] == 1.0
+
+
+def test_option_shares_say_which_options_the_iterations_calls_ran():
+    """A session-58 user asked which options the policy leaned on as it trained (metrics.csv had none)."""
+    def call(option: int) -> OptionCall:
+        return OptionCall(agent="agent_0", agent_index=0, option=option, observation=None, mask=None,
+                          achieved=frozenset(), last_option=-1, time_fraction=0.0, log_prob=0.0, value=0.0,
+                          start_step=0, policy_version=0, task_seed=0, duration=1)
+
+    played = [Trajectory(0, 0, calls=[call(2), call(0), call(2)], length=3),
+              Trajectory(1, 0, calls=[call(2)], length=1)]
+    assert option_shares(played, ("mine", "build", "convert")) == {
+        "option/mine/share": 0.25, "option/build/share": 0.0, "option/convert/share": 0.75}
+    assert option_shares([Trajectory(2, 0, calls=[], length=0)], ("mine",)) == {"option/mine/share": 0.0}
 
 
 def test_anchored_outcome_credit_sits_on_milestone_and_final_calls():

@@ -143,6 +143,9 @@ def test_a_stop_between_the_checkpoint_and_its_metrics_row_loses_no_row(tmp_path
     assert train(tmp_path, "--iterations", "2") == 0
     metrics = tmp_path / "minigrid_doorkey" / "metrics.csv"
     full = metrics.read_text()
+    rows = csv.DictReader(full.splitlines())
+    shares = [[float(v) for k, v in row.items() if k.startswith("option/")] for row in rows]
+    assert all(len(row) > 1 and sum(row) == pytest.approx(1.0) for row in shares)  # each option's share of the calls
     metrics.write_text(full[: full.rstrip("\n").rfind("\n") + 1])  # the last row, as a stop there leaves it
     (tmp_path / "minigrid_doorkey" / "checkpoints" / "final.pt").unlink()
     capsys.readouterr()

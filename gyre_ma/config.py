@@ -554,9 +554,9 @@ class BackendConfig(_Section):
     line naming it (the task seed, the option and agent, the file:line). ``continue``: a
     sub-policy that raised or answered an unusable action ends its call as a failure
     (``Termination.FAULT``) and its agent decides again; an env step that raised cuts the
-    episode there, as a truncation; each is kept on the trajectory (``faults/*`` metrics)
-    and warned once per source. Other faults (reset, predicates, detectors, rules) stop
-    the run either way."""
+    episode there, as a truncation, and a reset that raised cuts it before its first step;
+    each is kept on the trajectory (``faults/*`` metrics) and warned once per source. Other
+    faults (predicates, detectors outside the env's step, rules) stop the run either way."""
     pipeline_depth: int = Field(2, ge=1, le=16)
     """Calls queued on one Ray actor at a time, so it starts the next without waiting
     for the driver (1: one at a time)."""

@@ -268,7 +268,7 @@ class Gyre:
             return out
         out |= {"faults/count": faults, "faults/per_episode": 0.0, "faults/episodes_cut": 0.0}  # shares: below
         if trajectories and all(t.cut_by_fault for t in trajectories):
-            raise ValueError(f"iteration {i}: every episode was cut by a fault of the env's step, e.g. "
+            raise ValueError(f"iteration {i}: every episode was cut by a fault of the env (its reset or a step), e.g. "
                              f"{trajectories[0].faults[-1]}: backend.on_fault: continue plays on through a flaky "
                              "fault, not one in every episode; fix it (a fault drawn from the task seed recurs in "
                              "every episode of that seed: draw a flaky tool's faults from a generator of its own)")

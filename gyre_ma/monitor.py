@@ -118,7 +118,8 @@ class Monitor:
             t = trajectories[k]
             verdict = ("**verified success, vetoed by a guard rule** (the learner counts it a failure)"
                        if t.success and t.vetoed else "**verified success**" if t.success else
-                       "not completed: **cut by a fault of the env's step**" if t.cut_by_fault else "not completed")
+                       "not completed: **cut by a fault of the env (its reset or a step)**" if t.cut_by_fault
+                       else "not completed")
             paid = sum(c.reward for c in t.calls)
             goals = f", goals {', '.join(t.goals)}" if t.goals else ""  # where each episode has its own
             lines += [f"## Trajectory {k} — task seed {t.task_seed}{goals}, policy v{t.policy_version}",

@@ -111,7 +111,7 @@ class Trajectory:
     a sub-policy that raised or answered an unusable action (its call ended as
     ``Termination.FAULT``), or the env's step that raised (the episode was cut there)."""
     cut_by_fault: bool = False
-    """The env raised in a step and the episode was cut there, as a truncation."""
+    """The env raised in a step (or its reset) and the episode was cut there, as a truncation."""
     timed_out: bool = False
     """The episode ran past ``backend.episode_timeout_s`` and was cut, as a truncation."""
     subpolicy_seconds: float = 0.0
@@ -331,8 +331,9 @@ def play_episode(
     code as one :class:`UserCodeError`; ``"continue"`` ends a call whose sub-policy raised
     or answered an unusable action as :attr:`~gyre_ma.options.option.Termination.FAULT`
     (its agent decides again, that option set aside until the next step), and cuts the
-    episode at an env step that raised, as a truncation (``cut_by_fault``); each is kept
-    in ``Trajectory.faults`` and warned once per source.
+    episode at an env step that raised, as a truncation (``cut_by_fault``), or before its
+    first step where the reset raised; each is kept in ``Trajectory.faults`` and warned once
+    per source.
 
     Wall-clock bounds (:mod:`gyre_ma.watchdog`; None: none): an option call whose
     sub-policy has run ``option_timeout_s`` seconds in all ends as
@@ -343,19 +344,25 @@ def play_episode(
     """
     try:
         observations, _ = env.reset(seed=seed)
-    except UserCodeError:
-        raise
     except Exception as exc:
-        raise UserCodeError(f"environment {_env_name(env)}.reset (task seed {seed})", exc) from exc
+        fault = exc if isinstance(exc, UserCodeError) else UserCodeError(
+            f"environment {_env_name(env)}.reset (task seed {seed})", exc)
+        if on_fault != "continue" or getattr(exc, "never_played_through", False):
+            if fault is exc:
+                raise
+            raise fault from exc
+        fault.playable = True  # a flaky env's reset (a remote service's): the episode is cut before its first step
+        cut = Trajectory(task_seed=seed, policy_version=policy_version, horizon=_horizon(env, max_steps)[1],
+                         cut_by_fault=True)
+        _faulted(cut, f"environment {_env_name(env)}.reset", fault, seed, 0)
+        return cut
     checks = {a: action_check(env.action_space(a), a) for a in env.possible_agents}
-    env_cap = getattr(env, "max_cycles", None)  # the env's own step limit, where it has one
-    cap = max_steps if max_steps is not None else int(env_cap if env_cap is not None else 10_000)
+    cap, horizon = _horizon(env, max_steps)
     traj_goals = episode_goals(env, library.graph, seed)
     goals = frozenset(traj_goals or library.graph.goals)
     agent_index = {a: i for i, a in enumerate(env.possible_agents)}
     rng = np.random.default_rng(seed)
-    traj = Trajectory(task_seed=seed, policy_version=policy_version,
-                      horizon=min(cap, int(env_cap)) if env_cap is not None else cap, goals=traj_goals)
+    traj = Trajectory(task_seed=seed, policy_version=policy_version, horizon=horizon, goals=traj_goals)
     running: dict[str, _Running | None] = {a: None for a in env.agents}
     previous: dict[str, OptionCall | None] = {a: None for a in env.possible_agents}  # its last call, ended
     hooks = list(on_option_end)
@@ -627,6 +634,14 @@ def _timed_out(traj: Trajectory, run: _Running, limit: float) -> None:
         warnings.warn(f"option {name!r} (agent {run.call.agent!r}): its sub-policy ran past "
                       f"backend.option_timeout_s={limit:g} s; the call ended as a failure (counted as "
                       "option_timeouts)", RuntimeWarning, stacklevel=3)
+
+
+def _horizon(env: Any, max_steps: int | None) -> tuple[int, int]:
+    """The episode's step cap (``max_steps``, else the env's own ``max_cycles``, else 10,000)
+    and the horizon it runs under (the lower of the cap and ``max_cycles``)."""
+    env_cap = getattr(env, "max_cycles", None)  # the env's own step limit, where it has one
+    cap = max_steps if max_steps is not None else int(env_cap if env_cap is not None else 10_000)
+    return cap, min(cap, int(env_cap)) if env_cap is not None else cap
 
 
 def _verified(env: Any, step: int, *, names: bool = False) -> frozenset[str] | set[str]:

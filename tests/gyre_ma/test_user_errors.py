@@ -7,6 +7,7 @@ every TypeError, gyre-ma's own bugs included, exited 2 without a traceback.
 
 from __future__ import annotations
 
+import csv
 import json
 import pickle
 import re
@@ -684,6 +685,16 @@ def test_on_fault_continue_ends_a_faulty_call_and_cuts_an_episode_at_a_step_that
     metrics = episode_metrics([traj], ())
     assert metrics["faults/episodes_cut"] == 1.0 and metrics["failed_env_ended"] == metrics["failed_step_cap"] == 0
 
+    class ResetFails(_Broken):  # a remote env whose reset timed out
+        def reset(self, seed=None, options=None):
+            raise TimeoutError("reset: no answer from the simulator")
+
+    with pytest.raises(UserCodeError, match=r"environment CoverageEnv\.reset \(task seed 1\) raised TimeoutError"):
+        run_episode(ResetFails(""), _library(lambda ctx: 1), RandomManager(0), seed=1)
+    traj = run_episode(ResetFails(""), _library(lambda ctx: 1), RandomManager(0), seed=1, on_fault="continue")
+    assert traj.cut_by_fault and traj.length == 0 and not traj.calls and not traj.success
+    assert len(traj.faults) == 1 and "reset (task seed 1) raised TimeoutError: reset: no answer" in traj.faults[0]
+
 
 def test_train_plays_on_through_faults_when_told_to(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -718,6 +729,46 @@ def test_train_plays_on_through_faults_when_told_to(tmp_path, monkeypatch, capsy
     err = " ".join(capsys.readouterr().err.split())
     assert re.search(r"iteration 0: every one of option 'go_to_\d''s \d+ calls faulted, e\.g\. sub-policy "
                      r"userlib\.wander .* plays on through a flaky fault, not one on every call", err), err
+
+
+def test_train_plays_on_through_a_reset_that_raises_when_told_to(tmp_path, monkeypatch, capsys):
+    """A reset is a remote env's call like its step (the README said a reset fault stopped the
+    run even under ``backend.on_fault: continue``): the episode is cut before its first step."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "flakyreset", raising=False)
+    (tmp_path / "flakyreset.py").write_text(textwrap.dedent("""
+        from gyre_ma.envs.coverage.coverage import CoverageEnv
+
+
+        class FlakyReset(CoverageEnv):
+            '''Every fifth reset meets a simulator that does not answer.'''
+
+            resets = 0
+
+            def reset(self, seed=None, options=None):
+                FlakyReset.resets += 1
+                if FlakyReset.resets % 5 == 0:
+                    raise TimeoutError("simulator did not answer")
+                return super().reset(seed=seed, options=options)
+
+
+        def make():
+            return FlakyReset(max_cycles=40)
+    """))
+    config = tmp_path / "flaky.yaml"
+    config.write_text(f"name: flaky\nrun_root: '{tmp_path}'\nenv: {{id: 'flakyreset:make'}}\n"
+                      "library: gyre_ma.envs.coverage.options:make_library\ntrain: {iterations: 2}\n")
+    assert main(["train", str(config), "--quiet"]) == 2
+    assert "FlakyReset.reset (task seed" in " ".join(capsys.readouterr().err.split())
+    import gyre_ma.rollout
+
+    monkeypatch.setattr(gyre_ma.rollout, "_WARNED_FAULTS", set())
+    with pytest.warns(RuntimeWarning, match=r"FlakyReset\.reset \(task seed \d+\) raised TimeoutError: simulator "
+                                            r"did not answer .*the episode was cut there"):
+        assert main(["train", str(config), "--quiet", "--set", "name=played",
+                     "--set", "backend.on_fault=continue"]) == 0
+    logged = list(csv.DictReader((tmp_path / "played" / "metrics.csv").read_text().splitlines()))
+    assert len(logged) == 2 and sum(float(row["faults/episodes_cut"]) for row in logged) > 0
 
 
 def test_check_plays_on_through_faults_as_training_would_when_told_to(tmp_path, monkeypatch, capsys):

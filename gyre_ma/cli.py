@@ -430,6 +430,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
     from gyre_ma.config import CODE_FILE, code_files, code_references, dump_config
     from gyre_ma.files import write_json, write_text
     from gyre_ma.monitor import Monitor
+    from gyre_ma.rewards.alarms import ORDER_KEY
     from gyre_ma.rollout import short_of_goals
 
     run_dir = config.run_dir
@@ -566,7 +567,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                 if gyre.out_of_order is not None and not said_order:
                     said_order = True
                     progress.console.print(
-                        f"warning: iteration {i}: {metrics['milestones/out_of_order_episodes']:.0%} of the episodes "
+                        f"warning: iteration {i}: {metrics[ORDER_KEY]:.0%} of the episodes "
                         f"verified a milestone before its prerequisites, e.g. {gyre.out_of_order}: {_OUT_OF_ORDER}; "
                         "its rewards were paid (metric milestones/out_of_order_episodes)",
                         markup=False, soft_wrap=True)
@@ -839,6 +840,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre_ma.files import write_json
     from gyre_ma.metrics import episode_metrics, goal_metrics, out_of_order, wilson_interval, with_goal
     from gyre_ma.player import Player
+    from gyre_ma.rewards.alarms import ORDER_KEY
     from gyre_ma.roles import check_held_out_seeds, evaluation_tasks
 
     if args.episodes < 1:
@@ -894,7 +896,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row("  of them vetoed by a guard rule (the learner counts these failures)",
                       f"{sum(t.success and t.vetoed for t in trajectories) / len(trajectories):.1%} of episodes")
     disorder, example = out_of_order(trajectories, player.library.graph)
-    metrics["milestones/out_of_order_episodes"] = disorder
+    metrics[ORDER_KEY] = disorder
     if example is not None:
         table.add_row("episodes with a milestone before its prerequisites (see below)", f"{disorder:.1%}")
     won = [t for t in trajectories if t.success]  # a success ends at the goal: its length is the steps to it

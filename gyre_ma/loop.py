@@ -32,6 +32,7 @@ from gyre_ma.metrics import (
     out_of_order,
 )
 from gyre_ma.options.option import Termination
+from gyre_ma.rewards.alarms import ORDER_KEY
 from gyre_ma.rewards.scorer import RewardScorer
 from gyre_ma.roles import Evaluator, RolloutTask, iteration_tasks, task_seed, validation_seed, validation_tasks
 from gyre_ma.rollout import Trajectory
@@ -217,7 +218,7 @@ class Gyre:
         metrics |= option_shares(trajectories, self.library.names)
         metrics |= goal_metrics(trajectories, self.library.graph.goals)
         share, self.out_of_order = out_of_order(trajectories, self.library.graph)
-        metrics["milestones/out_of_order_episodes"] = share
+        metrics[ORDER_KEY] = share
         metrics |= self.arbitrate(trajectories)                            # C: verified rewards
         if self.config.credit.anchored:
             metrics |= anchor_metrics(trajectories, self.config.credit, self.library.graph.names)

@@ -219,7 +219,7 @@ def _repeats(calls: list) -> list[list]:
     members: list[list[int]] = []
     for i, c in enumerate(calls):
         run = runs.get(c.agent)
-        if run is not None and _repeats(calls[run[0]], c):
+        if run is not None and _repeated(calls[run[0]], c):
             run.append(i)
         else:
             runs[c.agent] = [i]
@@ -230,7 +230,7 @@ def _repeats(calls: list) -> list[list]:
     return [[calls[i] for i in entry] for entry in sorted(entries)]
 
 
-def _repeats(first: Any, call: Any) -> bool:
+def _repeated(first: Any, call: Any) -> bool:
     """Whether ``call`` repeats ``first``: the same option, ended alike, neither verifying a milestone."""
     return (not first.milestones and not call.milestones and first.option == call.option
             and first.termination == call.termination)

@@ -939,14 +939,14 @@ _FILES_OF_CODE = ("library", "rewards.rules_file")
 
 def code_files(config: ExperimentConfig) -> dict[str, str]:
     """The SHA-256 of each file of code ``config`` names (:func:`code_references`): the
-    source file of each referenced module, as it would be imported now (the modules those
-    import are not followed), and each YAML file, by absolute path; a module that cannot be
-    found is left out. ``train`` records them (:data:`CODE_FILE`), and ``eval`` says which
-    changed since."""
+    source file of each referenced module, as it would be imported now, the user's modules
+    it imports from beside it (:func:`_modules_beside`), and each YAML file, by absolute
+    path; a module that cannot be found is left out. ``train`` records them
+    (:data:`CODE_FILE`), and ``eval`` says which changed since."""
     import hashlib
     import importlib.util
 
-    found: dict[str, str] = {}
+    files: list[Path] = []
     for _, value in code_references(config):
         origin: str | None = value
         if _REFERENCE.match(value):
@@ -957,7 +957,56 @@ def code_files(config: ExperimentConfig) -> dict[str, str]:
             origin = spec.origin if spec is not None else None
         path = Path(origin) if origin else None
         if path is not None and path.is_file():
-            found[str(path.resolve())] = hashlib.sha256(path.read_bytes()).hexdigest()
+            files.append(path.resolve())
+    found: dict[str, str] = {}
+    while files and len(found) < _MOST_CODE_FILES:
+        path = files.pop()
+        if str(path) not in found:
+            found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            files += _modules_beside(path) if path.suffix == ".py" and not _installed(path) else []
+    return found
+
+
+_MOST_CODE_FILES = 200
+"""Most files :func:`code_files` hashes (a project's own code, not a library's)."""
+
+
+def _installed(path: Path) -> bool:
+    """Whether ``path`` is an installed package's (gyre-ma's own or from site-packages), not the user's project."""
+    return "site-packages" in path.parts or "dist-packages" in path.parts or Path(__file__).parent in path.parents
+
+
+def _modules_beside(path: Path) -> list[Path]:
+    """The modules the Python file ``path`` imports that are files beside it: ``import helpers``
+    or ``from helpers import x`` where ``helpers.py`` (or a package ``helpers/``) sits in its
+    folder, and relative imports, each with the ``__init__.py`` of the packages it is in.
+    Found by reading the file, not by importing anything; a file that does not parse imports
+    nothing here."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError, OSError):
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [(alias.name, path.parent) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = path.parents[node.level - 1] if 0 < node.level <= len(path.parents) else path.parent
+            module = node.module.split(".") if node.module else []
+            names = [(".".join(module + [alias.name]), base) for alias in node.names] + [(".".join(module), base)]
+        else:
+            continue
+        for name, base in names:
+            parts = [p for p in name.split(".") if p]
+            for k in range(len(parts), 0, -1):  # the longest dotted prefix that is a file beside it
+                stem = base.joinpath(*parts[:k])
+                hit = next((f for f in (stem.with_suffix(".py"), stem / "__init__.py") if f.is_file()), None)
+                if hit is not None:  # with the packages it sits in, which its import runs too
+                    inits = (base.joinpath(*parts[:j], "__init__.py") for j in range(1, k))
+                    found += [f.resolve() for f in (hit, *inits) if f.is_file()]
+                    break
     return found
 
 

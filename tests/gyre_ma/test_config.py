@@ -244,3 +244,27 @@ def test_library_factories_take_library_kwargs():
     with pytest.raises(ValueError, match=r"library_kwargs: the workflow_v0 library rejected the arguments \['nope'\]"):
         RolloutKit.from_config(parse_config({"env": {"id": "workflow_v0"}, "manager": {"kind": "random"},
                                              "library_kwargs": {"nope": 1}}))
+
+
+def test_code_files_follow_the_users_modules_beside_the_ones_a_config_names(tmp_path, monkeypatch):
+    """``eval`` warns when the user's code changed since training; session 58 hashed only the
+    modules the config names, so an edit to the helpers they import went unsaid."""
+    from gyre_ma.config import code_files
+
+    project = tmp_path / "project"
+    (project / "parts").mkdir(parents=True)
+    (project / "userlib.py").write_text("import numpy\nimport helpers\nfrom parts.doors import door\n"
+                                        "def make():\n    pass\n")
+    (project / "helpers.py").write_text("from . import unused_name\nimport json\n")
+    (project / "parts" / "__init__.py").write_text("")
+    (project / "parts" / "doors.py").write_text("from .keys import key\ndoor = 1\n")
+    (project / "parts" / "keys.py").write_text("key = 1\n")
+    (project / "broken.py").write_text("this is not python\n")
+    monkeypatch.syspath_prepend(str(project))
+    config = parse_config({"env": {"id": "coverage_v0"}, "library": "userlib:make"})
+    hashed = code_files(config)
+    assert set(hashed) == {str((project / f).resolve()) for f in (
+        "userlib.py", "helpers.py", "parts/__init__.py", "parts/doors.py", "parts/keys.py")}
+    (project / "parts" / "keys.py").write_text("key = 2\n")  # an edit two imports away
+    assert {f for f, digest in code_files(config).items() if hashed[f] != digest} == {
+        str((project / "parts" / "keys.py").resolve())}

@@ -569,7 +569,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
                     progress.console.print(
                         f"warning: iteration {i}: {metrics[ORDER_KEY]:.0%} of the episodes "
                         f"verified a milestone before its prerequisites, e.g. {gyre.out_of_order}: {_OUT_OF_ORDER}; "
-                        "its rewards were paid (metric milestones/out_of_order_episodes)",
+                        f"its rewards were paid (metric {ORDER_KEY})",
                         markup=False, soft_wrap=True)
     finally:
         gyre.close()

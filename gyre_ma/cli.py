@@ -136,7 +136,7 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         table.add_column(col, overflow="fold")  # a name wraps in its cell rather than lose its end
     for opt in library:
         kind = ("restores" if opt.restores else "repeatable" if opt.repeatable
-                else "upkeep" if opt.milestone is None else "one-shot")
+                else "no milestone" if opt.milestone is None else "one-shot")
         node = graph.milestone(opt.milestone) if opt.milestone is not None else None
         after = [*node.requires, *(f"one of {' / '.join(group)}" for group in node.any_of)] if node else []
         starts = " + ".join(
@@ -150,8 +150,10 @@ def _check_one(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     console.print(table)
     console.print(
         f"task graph: {len(graph)} milestones, goals {list(graph.goals)}; "
-        f"critical path {length:g} steps"
+        f"critical path {length:g} step{'' if length == 1 else 's'} by the milestones' durations"
         + (f" (of the goal {path[-1]!r}, the longest)" if len(graph.goals) > 1 else "") + f": {' → '.join(path)}"
+        + ("; no milestone requires another, so the graph leaves the order free (the env may not)"
+           if not any(m.requires or m.any_of for m in graph.milestones) else ""), markup=False, soft_wrap=True
     )
     side = [m.name for m in graph.milestones if m.side_effect]
     if side:
@@ -454,6 +456,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
         if _finished(run_dir, config.train.iterations):  # said before the learner is imported and built (seconds)
             console.print(finished, markup=False, soft_wrap=True)
             return 0
+        _say_building(args, config, run_dir)
         from gyre_ma.checkpoints import save_checkpoint
         from gyre_ma.loop import Gyre
 
@@ -490,6 +493,7 @@ def _train(args: argparse.Namespace, config: Any, held: contextlib.ExitStack) ->
             raise UsageError(f"run directory {str(run_dir)!r} holds the metrics.csv of an earlier run but no "
                              "checkpoint to resume it from; move metrics.csv away (a fresh run would overwrite it), "
                              "or choose another name/run_root")
+        _say_building(args, config, run_dir)
         from gyre_ma.checkpoints import save_checkpoint
         from gyre_ma.loop import Gyre
 
@@ -798,6 +802,15 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _say_building(args: argparse.Namespace, config: Any, run_dir: Path) -> None:
+    """The line ``train`` prints before it builds the learner, which takes seconds (torch,
+    Lightning, the env, the manager): a session-59 user saw nothing for 23 s (68 s under load)."""
+    if not args.quiet:
+        console.print(f"run {config.name!r} in {run_dir}: building the learner (env, options, manager) for "
+                      f"{config.train.iterations} iteration{'' if config.train.iterations == 1 else 's'} …",
+                      markup=False, soft_wrap=True)
+
+
 def _duration(seconds: float) -> str:
     """``seconds`` as a person reads a wait: "40 s", "12 min", "1 h 05 min"."""
     if seconds < 60:
@@ -909,7 +922,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table.add_row("steps to the goal (successes)", f"{metrics['steps_to_goal']:.1f}{_ci_text(steps_ci)}" if won
                   else "— (no episode reached it)")
     table.add_row("option calls to the goal (successes)", f"{metrics['calls_to_goal']:.1f}" if won else "—")
-    table.add_row("agents lost per episode", f"{metrics['agents_lost']:.2f}")
+    table.add_row("agents lost per episode (left before the end, their last call verifying no milestone)",
+                  f"{metrics['agents_lost']:.2f}")
     table.add_row("episodes cut at a dead end", f"{metrics['dead_ends']:.1%}")
     if "faults/per_episode" in metrics:  # backend.on_fault: continue
         table.add_row("faults played on through per episode / episodes an env fault cut",

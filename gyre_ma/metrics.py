@@ -35,9 +35,9 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         "milestones_verified": float(np.mean([len(set(t.milestone_steps) & set(milestones)) for t in trajectories]))
         if trajectories else 0.0,
         # agents that died (or left) before the episode ended: a team that sheds members
-        # while success holds is slower, and once was a reward hack (see rewards.arbiter)
-        "agents_lost": float(np.mean([len(last_calls(t)) - len(calls_at_end(t)) for t in trajectories]))
-        if trajectories else 0.0,
+        # while success holds is slower, and once was a reward hack (see rewards.arbiter);
+        # one whose last call verified a milestone left on its work done (a train arrived)
+        "agents_lost": float(np.mean([_lost(t) for t in trajectories])) if trajectories else 0.0,
     }
     # episodes cut at a dead end of the library (no eligible option for some agent)
     out["dead_ends"] = sum(bool(t.dead_ends) for t in trajectories) / n
@@ -64,6 +64,12 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
     for m in milestones:
         out[f"milestone/{m}"] = sum(m in t.milestone_steps for t in trajectories) / n
     return out
+
+
+def _lost(trajectory: Trajectory) -> int:
+    """Agents that left ``trajectory`` before its end with their last call verifying nothing."""
+    at_end = set(calls_at_end(trajectory))
+    return sum(i not in at_end and not trajectory.calls[i].milestones for i in last_calls(trajectory))
 
 
 def option_shares(trajectories: Sequence[Trajectory], names: Sequence[str]) -> dict[str, float]:

@@ -32,7 +32,7 @@ def test_graph_command_writes_png_and_dot(tmp_path):
 def test_check_prints_library_summary(capsys):
     assert main(["check", EXAMPLE]) == 0
     out = capsys.readouterr().out
-    assert "breakfast" in out and "critical path 61 steps" in out and "ok" in out
+    assert "breakfast" in out and "critical path 61 steps by the milestones' durations" in out and "ok" in out
 
 
 def broken_library(tmp_path, mutate) -> str:

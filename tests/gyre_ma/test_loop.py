@@ -232,6 +232,8 @@ def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
     both = Trajectory(1, 0, calls=[call("agent_0", 0, 30), call("agent_1", 0, 30)], length=30)
     assert episode_metrics([died, both], ())["agents_lost"] == 0.5
     assert episode_metrics([both], ())["agents_lost"] == 0.0
+    died.calls[0].milestones = ("arrived_0",)  # a session-59 user's train left on arriving: its work done, not lost
+    assert episode_metrics([died, both], ())["agents_lost"] == 0.0
     both.milestone_steps.update({"key": 3, "door": 20, "not_in_graph": 25})
     assert episode_metrics([died, both], ("key", "door", "goal"))["milestones_verified"] == 1.0
 

@@ -192,6 +192,8 @@ def test_the_summary_says_what_best_pt_was_judged_on(tmp_path, capsys):
         assert "best.pt: validation success" in out and judged_on in out
         # not a terminal: a whole line an iteration, not a live bar cut to 80 columns
         assert all(f"iter {i}/5 · " in out for i in range(1, 6)) and "iter 5/5 · " in out
+    assert out.startswith(f"run 'minigrid_doorkey' in {root / 'minigrid_doorkey'}: building the learner (env, options, "
+                          "manager) for 5 iterations …")  # a session-59 user saw nothing for its first 23 s
     # a session-58 user's slow env: how long the run takes, from its first iteration on
     assert out.count(" left at this rate") == 5 and "0 s left at this rate" in out
 

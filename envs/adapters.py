@@ -55,6 +55,11 @@ class GyreAdapter(ParallelEnv):
     env's own ``milestone_agent`` does); None, or no such callable, credits every agent's
     call running then (the team convention).
 
+    ``max_cycles``, the step cap (else the env's own ``max_cycles``, its spec's
+    ``max_episode_steps`` or ``max_steps``, else 1,000), may be ``(unwrapped) -> int``, asked
+    after each reset: where each episode has its own budget (1.1 times an instance's
+    heuristic route), the manager's time input and the truncation follow it.
+
     ``episode_goals``, where each episode has its own goals (the dish a seed orders), is
     ``(unwrapped) -> goals``, asked after each reset: some of the graph's goals, or None for
     all of them. Without it, the unwrapped env's own ``episode_goals()`` method is asked,
@@ -67,7 +72,7 @@ class GyreAdapter(ParallelEnv):
         *,
         milestones: Mapping[str, Detector | str] | None,
         graph: TaskGraph | Mapping[str, Any],
-        max_cycles: int | None = None,
+        max_cycles: int | Callable[[Any], int] | None = None,
         check_observations: bool = True,
         milestone_agent: Callable[[Any, str], str | None] | None = None,
         episode_goals: Callable[[Any], Any] | None = None,
@@ -92,7 +97,9 @@ class GyreAdapter(ParallelEnv):
         self.metadata["name"] = f"gyre_{self.metadata.get('name') or type(raw).__name__}"
         self.metadata["is_parallelizable"] = True
         self._graph, self._detectors = _bind_milestones(graph, milestones, self.metadata["name"])
-        self.max_cycles = _max_cycles(max_cycles, env, raw)
+        self._cap_of = max_cycles if callable(max_cycles) else None
+        """The user's ``(unwrapped) -> int``, the step cap of each episode, asked after its reset."""
+        self.max_cycles = _max_cycles(None if self._cap_of is not None else max_cycles, env, raw)
         self.check_observations = check_observations
         self.possible_agents = list(env.possible_agents)
         self.agents: list[str] = []
@@ -161,6 +168,8 @@ class GyreAdapter(ParallelEnv):
     # ------------------------------------------------------------------ ParallelEnv API
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         observations, infos = self._env.reset(seed=seed, options=options)
+        if self._cap_of is not None:  # this episode's own step cap (an instance's budget)
+            self.max_cycles = self._episode_cap()
         self._steps = 0
         self._achieved = set()
         self.agents = list(self._env.agents)
@@ -168,6 +177,16 @@ class GyreAdapter(ParallelEnv):
         self._observe(observations, "reset")
         self._detect("reset")
         return observations, infos
+
+    def _episode_cap(self) -> int:
+        what = f"{self.metadata['name']}: max_cycles {callable_name(self._cap_of)}"
+        try:
+            cap = self._cap_of(self._env.unwrapped)
+        except Exception as exc:
+            raise UserCodeError(what, exc) from exc
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+            raise UserCodeError(what, ValueError(f"returned {cap!r}; expected an int >= 1, the episode's step cap"))
+        return int(cap)
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         if not self.agents:
@@ -437,7 +456,7 @@ def from_gymnasium(
     *,
     milestones: Mapping[str, Detector | str] | None,
     graph: TaskGraph | Mapping[str, Any],
-    max_cycles: int | None = None,
+    max_cycles: int | Callable[[Any], int] | None = None,
     agent: str = "agent_0",
     agents: int | Sequence[str] | None = None,
     check_observations: bool = True,
@@ -494,7 +513,7 @@ def from_pettingzoo(
     *,
     milestones: Mapping[str, Detector | str] | None,
     graph: TaskGraph | Mapping[str, Any],
-    max_cycles: int | None = None,
+    max_cycles: int | Callable[[Any], int] | None = None,
     turn_based: bool = False,
     check_observations: bool = True,
     milestone_agent: Callable[[Any, str], str | None] | None = None,

@@ -269,9 +269,10 @@ class RolloutKit:
             self._fixed[slot] = self.make_fixed(env)
         return self._fixed[slot]
 
-    def cap(self, task: RolloutTask) -> int:
-        cap = task.max_steps if task.max_steps is not None else self.max_steps
-        return int(cap if cap is not None else getattr(self.env, "max_cycles", 10_000))
+    def cap(self, task: RolloutTask) -> int | None:
+        """``task``'s step cap, where the task or the config sets one; None: its env's own
+        ``max_cycles``, read after the episode's reset (an env may give each episode its own)."""
+        return task.max_steps if task.max_steps is not None else self.max_steps
 
     def episode(self, slot: int, task: RolloutTask, version: int,
                 deciders: Deciders) -> Generator[Decision, Choice, Trajectory]:
@@ -291,7 +292,7 @@ class RolloutKit:
 
     def tag(self, traj: Trajectory, task: RolloutTask, *, worker: int, seconds: float) -> RoleTrajectory:
         return tag(traj, role=task.role, episode=task.episode, worker=worker, noise=task.noise, greedy=task.greedy,
-                   step_cap=self.cap(task), score=milestone_score(traj, self.library.graph), seconds=seconds)
+                   step_cap=traj.horizon, score=milestone_score(traj, self.library.graph), seconds=seconds)
 
     def play(self, task: RolloutTask, version: int, *, worker: int = -1, role: Role | None = None) -> RoleTrajectory:
         """One episode (as its role plays it; default: the default roles')."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -482,3 +484,56 @@ def test_check_notes_milestones_credited_to_every_agents_call() -> None:
                                                     "five_rounds": lambda e: e.num_moves >= 5},
                            graph=RPS_GRAPH, milestone_agent=lambda raw, m: None)  # the user's word: shared
     assert _shared_credit([run_episode(told, library, RandomManager(0), seed=0)], library, told) == ""
+
+
+# ---------------------------------------------------------------------- a step cap per episode
+class _Budgeted(gymnasium.Env):
+    """An instance per seed, each with its own budget of steps (a routing instance's 1.1 times
+    its heuristic route, as a session-59 user's CVRP had)."""
+
+    observation_space = spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.budget, self.t = 3 + (seed or 0) % 5, 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def make_budgeted(cap=lambda u: u.budget) -> GyreAdapter:
+    return from_gymnasium(_Budgeted(), milestones={"far": lambda u: u.t >= 100},
+                          graph={"goals": ["far"], "milestones": {"far": {}}}, max_cycles=cap)
+
+
+def budgeted_library(env=None) -> OptionLibrary:
+    return OptionLibrary("budgeted", TaskGraph.from_spec({"goals": ["far"], "milestones": {"far": {}}}),
+                         [Option("walk", lambda ctx: 1, milestone="far"), Option("rest", lambda ctx: 0, done=bool)])
+
+
+def test_max_cycles_may_be_each_episodes_own_cap_asked_after_its_reset(tmp_path, monkeypatch, capsys) -> None:
+    env = make_budgeted()
+    for seed in (1, 4):
+        traj = run_episode(env, budgeted_library(), FirstEligible(), seed=seed)
+        assert traj.length == traj.horizon == 3 + seed and not traj.success  # truncated at its own cap
+        assert traj.calls[0].time_fraction == 0.0 and env.max_cycles == 3 + seed
+    for cap, expected in ((lambda u: 0, r"max_cycles .* returned 0; expected an int >= 1, the episode's step cap"),
+                          (lambda u: u.missing, r"max_cycles .* raised AttributeError")):
+        with pytest.raises(UserCodeError, match=expected):
+            make_budgeted(cap).reset(seed=0)
+
+    from gyre_ma.cli import main
+
+    monkeypatch.syspath_prepend(str(tmp_path))  # the rollout workers' path: a config naming this module
+    (tmp_path / "budgeted_user.py").write_text("from tests.envs.test_adapters import budgeted_library, make_budgeted\n")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    config = tmp_path / "budgeted.yaml"
+    config.write_text("name: budgeted\nenv: {id: 'budgeted_user:make_budgeted'}\n"
+                      "library: 'budgeted_user:budgeted_library'\nmanager: {kind: random}\n")
+    assert main(["eval", str(config), "--episodes", "6", "--json", str(tmp_path / "e.json")]) == 0
+    episodes = json.loads((tmp_path / "e.json").read_text())["episodes"]
+    assert [e["length"] for e in episodes] == [3 + e["task_seed"] % 5 for e in episodes]  # each its own cap
+    assert len({e["length"] for e in episodes}) > 1

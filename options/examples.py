@@ -31,6 +31,8 @@ for milestone in ("get_eggs", "get_bread", "buy_coffee"):
 for milestone in ("boil_water", "fry_eggs", "make_toast", "hot_drink", "serve"):
     library.option(milestone, milestone=milestone, max_steps=60)(cook)
 library.option("tidy_up", done=rested, max_steps=10)(walk)
+# every other field by keyword too: initiation=, failure=, repeatable=, exclusive=, features=,
+# description= (a predicate is a function of ctx, features one of the observation)
 
 def breakfast() -> OptionLibrary:
     return library.validate()

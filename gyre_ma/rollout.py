@@ -344,14 +344,8 @@ def play_episode(
     """
     try:
         observations, _ = env.reset(seed=seed)
-    except Exception as exc:
-        fault = exc if isinstance(exc, UserCodeError) else UserCodeError(
-            f"environment {_env_name(env)}.reset (task seed {seed})", exc)
-        if on_fault != "continue" or getattr(exc, "never_played_through", False):
-            if fault is exc:
-                raise
-            raise fault from exc
-        fault.playable = True  # a flaky env's reset (a remote service's): the episode is cut before its first step
+    except Exception as exc:  # a flaky env's reset (a remote service's): cut before its first step
+        fault = _env_fault(exc, f"environment {_env_name(env)}.reset (task seed {seed})", on_fault)
         cut = Trajectory(task_seed=seed, policy_version=policy_version, horizon=_horizon(env, max_steps)[1],
                          cut_by_fault=True)
         _faulted(cut, f"environment {_env_name(env)}.reset", fault, seed, 0)
@@ -504,15 +498,7 @@ def play_episode(
             try:
                 observations, rewards, terms, truncs, _ = env.step(actions)
             except Exception as exc:
-                if getattr(exc, "never_played_through", False):
-                    raise  # a check's finding, always
-                fault = exc if isinstance(exc, UserCodeError) else UserCodeError(
-                    f"environment {_env_name(env)}.step (step {step})", exc)
-                fault.playable = True
-                if on_fault != "continue":
-                    if fault is exc:
-                        raise  # as it is, its cause (the user's exception) kept
-                    raise fault from exc
+                fault = _env_fault(exc, f"environment {_env_name(env)}.step (step {step})", on_fault)
                 _faulted(traj, f"environment {_env_name(env)}.step", fault, seed, step)
                 traj.cut_by_fault = True
                 break
@@ -610,6 +596,21 @@ _UNWATCHED = types.SimpleNamespace(option_deadline=math.inf, episode_deadline=ma
 """Deadlines of an episode played without wall-clock bounds."""
 _WARNED_TIMEOUTS: set[str] = set()
 _WARNED_FAULTS: set[str] = set()
+
+
+def _env_fault(exc: Exception, where: str, on_fault: str) -> UserCodeError:
+    """The fault of the env's call ``where`` (its reset, a step) that raised ``exc``, as one
+    :class:`UserCodeError` to play on through (``on_fault: continue``); raised instead where
+    it stops the run: under ``stop``, and a check's finding always (as it is)."""
+    if getattr(exc, "never_played_through", False):
+        raise exc
+    fault = exc if isinstance(exc, UserCodeError) else UserCodeError(where, exc)
+    fault.playable = True
+    if on_fault != "continue":
+        if fault is exc:
+            raise exc  # as it is, its cause (the user's exception) kept
+        raise fault from exc
+    return fault
 
 
 def _faulted(traj: Trajectory, source: str, fault: Exception, seed: int, step: int) -> None:

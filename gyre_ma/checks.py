@@ -19,7 +19,7 @@ from gyre_ma.rollout import Trajectory, run_episode
 def check_setup(env: Any | Callable[[], Any], library: OptionLibrary, *,
                 manager: Callable[[Any, int], Manager] | None = None, rules: RuleEngine | None = None,
                 rule_results: list[RuleResults] | None = None, played: list[Trajectory] | None = None,
-                on_fault: str = "stop", **kwargs: Any) -> EnvCheckReport:
+                on_fault: str = "stop", own_caps: bool = False, **kwargs: Any) -> EnvCheckReport:
     """:func:`~gyre_ma.envs.checks.check_env` with every episode played by ``library``'s
     options under a seeded random manager, which reaches milestones random actions rarely
     do, or under ``manager(env, seed)`` (a config's oracle or scripted manager, built on the
@@ -28,12 +28,14 @@ def check_setup(env: Any | Callable[[], Any], library: OptionLibrary, *,
     worker evaluates them, so that a rule that cannot read the env's state fails here; each
     episode's results are appended to ``rule_results``, and each episode to ``played``.
     ``on_fault`` is ``backend.on_fault``: with ``continue`` an episode plays on through a
-    fault of the user's code, as in training, and one the env's fault cut is not replayed."""
+    fault of the user's code, as in training, and one the env's fault cut is not replayed.
+    With ``own_caps`` an episode runs to the env's own ``max_cycles`` as it stands after the
+    episode's reset (an adapter's cap per episode), not to ``n_steps``."""
     build = manager if manager is not None else (lambda _env, seed: RandomManager(seed))
 
     def drive(probe: Any, seed: int, n_steps: int) -> bool:
         try:
-            traj = run_episode(probe, library, build(probe, seed), seed=seed, max_steps=n_steps,
+            traj = run_episode(probe, library, build(probe, seed), seed=seed, max_steps=None if own_caps else n_steps,
                                on_option_end=rules.on_option_end if rules is not None else None, on_fault=on_fault)
             if played is not None:
                 played.append(traj)

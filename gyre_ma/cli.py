@@ -262,9 +262,10 @@ def _sub_policy(policy: Any) -> str:
 
 def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int, first_seed: int = 0) -> None:
     """Play ``episodes`` seeded episodes of the config's env, task seeds from ``first_seed``
-    (any: a training seed an error named is played again), fresh envs (``env``, the one
-    already built, gives the step cap), each replayed for determinism, every reset and step
-    checked (:func:`~gyre_ma.checks.check_setup`): an env or option that breaks at its first
+    (any: a training seed an error named is played again), fresh envs (each to the config's
+    ``train.max_steps``, else to the env's own ``max_cycles`` of that episode), each replayed
+    for determinism, every reset and step checked (:func:`~gyre_ma.checks.check_setup`): an
+    env or option that breaks at its first
     step fails here, not in ``train``. A config whose manager is fixed (``oracle`` or
     ``scripted``) is played by that manager, so a mistake in it shows here too, not first in
     ``eval``; any other by a random order of the library's options."""
@@ -275,7 +276,8 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int,
     from gyre_ma.rollout import ended_by_env, short_of_goals
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
-    cap = config.train.max_steps or getattr(env, "max_cycles", None) or 1000
+    own_caps = not config.train.max_steps and getattr(env, "max_cycles", None) is not None
+    cap = config.train.max_steps or getattr(env, "max_cycles", None) or 1000  # check_env's bound
     fixed = config.manager.kind in ("oracle", "scripted")
     manager = ((lambda probe, _seed: make_oracle(config.env.id, probe, library, config.manager.policy))
                if fixed else None)
@@ -286,7 +288,7 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int,
         engine = RewardScorer(config.rewards, library.graph, option_names=library.names).engine
     report = check_setup(factory, library, manager=manager, seeds=tuple(range(first_seed, first_seed + episodes)),
                          n_steps=int(cap), pettingzoo_tests=False, rules=engine, rule_results=found, played=played,
-                         on_fault=config.backend.on_fault)
+                         on_fault=config.backend.on_fault, own_caps=own_caps)
     goals = list(library.graph.goals)
     missed = [g for g in goals if g not in report.milestones]
     by = (f"by the config's {config.manager.kind} manager"

@@ -537,3 +537,10 @@ def test_max_cycles_may_be_each_episodes_own_cap_asked_after_its_reset(tmp_path,
     episodes = json.loads((tmp_path / "e.json").read_text())["episodes"]
     assert [e["length"] for e in episodes] == [3 + e["task_seed"] % 5 for e in episodes]  # each its own cap
     assert len({e["length"] for e in episodes}) > 1
+    capsys.readouterr()
+    (tmp_path / "budgeted_reset.py").write_text(  # a factory that resets: its env's cap is then seed 0's
+        "from tests.envs.test_adapters import make_budgeted\n"
+        "def make():\n    env = make_budgeted()\n    env.reset(seed=0)\n    return env\n")
+    config.write_text(config.read_text().replace("budgeted_user:make_budgeted", "budgeted_reset:make"))
+    assert main(["check", str(config), "--play", "4"]) == 0
+    assert "played 4 episodes by a random order of the library's options: 18 steps in all" in capsys.readouterr().out

@@ -104,6 +104,24 @@ def evaluate(target: str | Path, *, config: str | Path | None = None, trust_conf
         return json.loads(out.read_text())
 
 
+def compare(first: str | Path | Mapping[str, Any], second: str | Path | Mapping[str, Any], *,
+            quiet: bool = False) -> dict[str, Any]:
+    """``gyre-ma compare``: two evaluations (what ``evaluate`` returned, or the files ``eval
+    --json`` wrote) paired on the task seeds both played; returns the difference in success
+    (first − second) with its interval, the McNemar p-value and the seeds each alone solved."""
+    with tempfile.TemporaryDirectory(prefix="gyre-compare-") as folder:
+        paths = []
+        for name, given in (("first", first), ("second", second)):
+            if isinstance(given, Mapping):  # evaluate's figures, as eval --json would have written them
+                path = Path(folder) / f"{name}.json"
+                path.write_text(json.dumps(given))
+                given = path
+            paths.append(str(given))
+        out = Path(folder) / "compare.json"
+        _run(["compare", *paths, "--json", str(out)], quiet)
+        return json.loads(out.read_text())
+
+
 def experiment(file: str | Path, *, jobs: int | None = None, root: str | Path | None = None,
                quiet: bool = False) -> Path:
     """``gyre-ma experiment``: train (or resume) every run of the experiment file in ``jobs``

@@ -994,7 +994,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     | ({"goals": list(t.goals)} if goals else {})
                     | ({"faults": len(t.faults), "cut_by_fault": t.cut_by_fault} if "faults/per_episode" in metrics
                        else {}) for t in trajectories]
-        write_json(Path(args.json), metrics | {"episodes": episodes, "options": options})
+        played = {"checkpoint": what, "mode": mode, "stream": args.stream, "first_seed": args.seed,
+                  "episodes": args.episodes}  # what gyre-ma compare says of it
+        write_json(Path(args.json), metrics | {"played": played, "episodes": episodes, "options": options})
     return 0
 
 
@@ -1319,9 +1321,54 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from gyre_ma.compare import CompareError, compare, load_evaluation, mismatches
+    from gyre_ma.files import write_json
+
+    try:
+        runs = [load_evaluation(f) for f in (args.first, args.second)]
+        names = (Path(args.first).stem, Path(args.second).stem)
+        if names[0] == names[1]:
+            names = (args.first, args.second)
+        result = compare(*runs, names=names)
+    except CompareError as exc:
+        raise UsageError(str(exc)) from None
+    a, b = names
+    console.print(f"compared on {result['task_seeds']} task seeds ({result['first_seed']}–{result['last_seed']}), "
+                  "paired seed by seed", markup=False, soft_wrap=True)
+    table = Table()
+    table.add_column("")
+    for name, played in zip(names, result["played"]):
+        table.add_column(name + (f"\n{played['checkpoint']} ({played['mode']})" if isinstance(played, dict) else ""),
+                         justify="right")
+    table.add_row("verified completion", *(f"{p:.1%} (95 % CI {lo:.1%}–{hi:.1%})"
+                                           for p, (lo, hi) in zip(result["success"], result["success_ci"])))
+    table.add_row("seeds it alone solved", str(result["first_only"]), str(result["second_only"]))
+    steps = result.get("steps_to_goal")
+    if steps:
+        table.add_row(f"steps to the goal on the {steps['seeds']} seeds both solved",
+                      *(f"{m:.1f}" for m in steps["means"]))
+    console.print(table)
+    low, high = result["difference_ci"]
+    console.print(f"{a} − {b}: {100 * result['difference']:+.1f} points of verified completion (95 % CI "
+                  f"{100 * low:+.1f} to {100 * high:+.1f}, Newcombe's interval for paired rates); of the "
+                  f"{result['first_only'] + result['second_only']} seeds one alone solved, {a} solved "
+                  f"{result['first_only']}: exact McNemar p = {result['mcnemar_p']:.2g}", markup=False, soft_wrap=True)
+    if steps:
+        console.print(f"steps to the goal, {a} − {b} on the seeds both solved: {steps['difference']:+.1f} (95 % CI "
+                      f"{steps['difference_ci'][0]:+.1f} to {steps['difference_ci'][1]:+.1f}, bootstrap over those "
+                      "seeds)", markup=False, soft_wrap=True)
+    for note in mismatches(result):
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
+    if args.json:
+        write_json(Path(args.json), result)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": cmd_check, "graph": cmd_graph, "train": cmd_train, "eval": cmd_eval, "plot": cmd_plot,
     "experiment": cmd_experiment, "report": cmd_report, "pretrain-option": cmd_pretrain_option,
+    "compare": cmd_compare,
 }
 
 
@@ -1372,6 +1419,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the metrics as JSON here")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key of the config evaluated (a config YAML, or --config), as train does")
+    p = sub.add_parser("compare", help="two evaluations of the same task seeds, paired seed by seed: the difference "
+                                       "in success with its interval")
+    p.add_argument("first", help="a JSON written by gyre-ma eval --json (a learned policy, say)")
+    p.add_argument("second", help="another, played on the same task seeds (a baseline: --set manager.kind=random, "
+                                  "your heuristic as a scripted manager, another checkpoint)")
+    p.add_argument("--json", help="also write the comparison as JSON here")
     p = sub.add_parser("pretrain-option", help="train a neural option's sub-policy on its own milestone")
     p.add_argument("config", help="config YAML: the env (e.g. an easier variant, through --set) and the library")
     p.add_argument("--option", required=True, help="the option to train (its milestone is the reward)")

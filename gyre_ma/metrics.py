@@ -158,6 +158,44 @@ def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> tupl
     return low, 1.0 if successes == n else min(1.0, centre + half)
 
 
+def paired_difference(both: int, first_only: int, second_only: int, neither: int, *,
+                      confidence: float = 0.95) -> tuple[float, float, float]:
+    """The difference of two success rates measured on the same tasks (task seeds), with its
+    interval: Newcombe's square-and-add interval for paired proportions (Newcombe 1998,
+    *Statistics in Medicine* 17:2635, method 10), built from each rate's Wilson interval and
+    the correlation of the pairs. The counts are the 2x2 table of tasks: both succeeded,
+    the first alone, the second alone, neither. Returns (difference, low, high), first − second."""
+    counts = (both, first_only, second_only, neither)
+    if any(c < 0 for c in counts) or sum(counts) < 1:
+        raise ValueError(f"need counts >= 0 of at least one task, got {counts}")
+    n = sum(counts)
+    first, second = both + first_only, both + second_only
+    p1, p2 = first / n, second / n
+    l1, u1 = wilson_interval(first, n, confidence=confidence)
+    l2, u2 = wilson_interval(second, n, confidence=confidence)
+    margins = first * (n - first) * second * (n - second)
+    cross = both * neither - first_only * second_only
+    if margins == 0 or 0 <= cross <= n / 2:  # a positive cross product is shrunk by n/2 (continuity)
+        phi = 0.0
+    else:
+        phi = (cross - n / 2 if cross > 0 else cross) / math.sqrt(margins)
+    down = math.sqrt(max(0.0, (p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2)))
+    up = math.sqrt(max(0.0, (p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1)))
+    return p1 - p2, max(-1.0, p1 - p2 - down), min(1.0, p1 - p2 + up)
+
+
+def mcnemar_exact(first_only: int, second_only: int) -> float:
+    """The exact (binomial) McNemar test's two-sided p-value: of the tasks on which exactly one
+    of two policies succeeded, are the first's as likely as the second's?"""
+    if first_only < 0 or second_only < 0:
+        raise ValueError(f"need counts >= 0, got {first_only} and {second_only}")
+    n, k = first_only + second_only, min(first_only, second_only)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 def heldout_result(episodes: Sequence[tuple[bool, int]]) -> dict[str, Any]:
     """Held-out episodes as (success, length) → their success rate with its Wilson 95 %
     interval, mean length, and mean length of the successes (``steps_to_goal``; None

@@ -60,6 +60,11 @@ class GyreAdapter(ParallelEnv):
     after each reset: where each episode has its own budget (1.1 times an instance's
     heuristic route), the manager's time input and the truncation follow it.
 
+    ``scores`` maps names to ``(unwrapped) -> number or None``, asked as each episode ends:
+    the task's own figures of it (a schedule's makespan against a heuristic's), which eval
+    reports with intervals and ``metrics.csv`` logs as ``score/<name>``; None leaves that
+    episode out of the figure.
+
     ``episode_goals``, where each episode has its own goals (the dish a seed orders), is
     ``(unwrapped) -> goals``, asked after each reset: some of the graph's goals, or None for
     all of them. Without it, the unwrapped env's own ``episode_goals()`` method is asked,
@@ -76,6 +81,7 @@ class GyreAdapter(ParallelEnv):
         check_observations: bool = True,
         milestone_agent: Callable[[Any, str], str | None] | None = None,
         episode_goals: Callable[[Any], Any] | None = None,
+        scores: Mapping[str, Callable[[Any], float | None]] | None = None,
     ) -> None:
         if not isinstance(env, ParallelEnv):
             raise TypeError(f"GyreAdapter: expected a pettingzoo ParallelEnv, got {type(env).__name__}")
@@ -83,6 +89,11 @@ class GyreAdapter(ParallelEnv):
                                    ("episode_goals", episode_goals, "(unwrapped env) -> goals or None")):
             if given is not None and not callable(given):
                 raise TypeError(f"GyreAdapter: {name} must be a callable {takes}, got {given!r}")
+        if scores is not None and (not isinstance(scores, Mapping) or not all(
+                isinstance(k, str) and k and callable(f) for k, f in scores.items())):
+            raise TypeError(f"GyreAdapter: scores must map names to callables (unwrapped env) -> number or None, "
+                            f"got {scores!r:.200}")
+        self._scores = dict(scores or {})
         self._attribute = milestone_agent
         self.credits_by_agent = milestone_agent is not None
         """Whether the user said who reaches each milestone (``milestone_agent``); else every
@@ -150,6 +161,19 @@ class GyreAdapter(ParallelEnv):
         if self._goals_of is not None:
             return self._goals_of(self._env.unwrapped)
         return None if self._own_goals is None else self._own_goals()
+
+    def episode_scores(self) -> dict[str, float]:
+        """The episode's own figures, asked as it ends (the rollout checks them): each of the
+        user's ``scores`` on the unwrapped env, those that returned None left out."""
+        out = {}
+        for name, score in self._scores.items():
+            try:
+                value = score(self._env.unwrapped)
+            except Exception as exc:
+                raise UserCodeError(f"{self.metadata['name']}: score {name!r} ({callable_name(score)})", exc) from exc
+            if value is not None:
+                out[name] = value
+        return out
 
     @property
     def goals_source(self) -> Any:
@@ -462,14 +486,15 @@ def from_gymnasium(
     check_observations: bool = True,
     episode_goals: Callable[[Any], Any] | None = None,
     milestone_agent: Callable[[Any, str], str | None] | None = None,
+    scores: Mapping[str, Callable[[Any], float | None]] | None = None,
     **make_kwargs: Any,
 ) -> GyreAdapter:
     """A Gymnasium env (or registered id, built with ``gymnasium.make(id, **make_kwargs)``)
     as a one-agent gyre environment whose agent is named ``agent``; or, with ``agents`` (a
     count, named ``agent_0`` …, or the names), a multi-agent Gymnasium env whose spaces are
     ``Tuple`` spaces with an entry per agent (:class:`_TupleAgentsParallel`). ``episode_goals``:
-    each episode's goals, where they change; ``milestone_agent``: who achieved a milestone
-    (:class:`GyreAdapter`)."""
+    each episode's goals, where they change; ``milestone_agent``: who achieved a milestone;
+    ``scores``: each episode's own figures (:class:`GyreAdapter`)."""
     if isinstance(env_or_id, str):
         env = gymnasium.make(env_or_id, **make_kwargs)
     elif make_kwargs:
@@ -505,6 +530,7 @@ def from_gymnasium(
     return GyreAdapter(
         parallel, milestones=milestones, graph=graph, max_cycles=max_cycles,
         check_observations=check_observations, episode_goals=episode_goals, milestone_agent=milestone_agent,
+        scores=scores,
     )
 
 
@@ -518,12 +544,14 @@ def from_pettingzoo(
     check_observations: bool = True,
     milestone_agent: Callable[[Any, str], str | None] | None = None,
     episode_goals: Callable[[Any], Any] | None = None,
+    scores: Mapping[str, Callable[[Any], float | None]] | None = None,
 ) -> GyreAdapter:
     """A PettingZoo env as a gyre environment. An AEC env is converted with
     ``aec_to_parallel`` (it must declare ``is_parallelizable``), or with
     ``turn_based_aec_to_parallel`` when ``turn_based`` (one agent moves per step).
     ``milestone_agent``: who achieved a milestone, where the env can tell; ``episode_goals``:
-    each episode's goals, where they change (:class:`GyreAdapter`)."""
+    each episode's goals, where they change; ``scores``: each episode's own figures
+    (:class:`GyreAdapter`)."""
     if isinstance(env, AECEnv):
         if turn_based:
             env = turn_based_aec_to_parallel(env)
@@ -542,6 +570,7 @@ def from_pettingzoo(
     return GyreAdapter(
         env, milestones=milestones, graph=graph, max_cycles=max_cycles,
         check_observations=check_observations, milestone_agent=milestone_agent, episode_goals=episode_goals,
+        scores=scores,
     )
 
 

@@ -934,6 +934,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                   f"{metrics['failed_env_ended']:.1%} / {metrics['failed_step_cap']:.1%}")
     table.add_row("episode length (primitive steps)", f"{metrics['episode_length']:.1f}{_ci_text(length_ci)}")
     table.add_row("option calls per episode", f"{metrics['option_calls']:.1f}")
+    for key in sorted(k for k in metrics if k.startswith("score/")):  # the env's own figures of each episode
+        name = key.split("/", 1)[1]
+        values = [t.scores[name] for t in trajectories if name in t.scores]
+        interval = _mean_interval(values)
+        metrics |= {f"{key}_ci95_low": interval[0], f"{key}_ci95_high": interval[1]}
+        table.add_row(f"score {name} (the env's, mean of the {len(values)} episodes that gave it)",
+                      f"{metrics[key]:.4g} (95 % CI {interval[0]:.4g}–{interval[1]:.4g})")
     if "llm/requests" in metrics:
         table.add_row("LLM sub-policy requests per episode", f"{metrics['llm/requests']:.1f}")
         table.add_row("  unusable outputs (invalid) / fallback actions",
@@ -991,6 +998,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         episodes = [{"task_seed": int(t.task_seed), "success": bool(t.success), "length": int(t.length),
                      "option_calls": len(t.calls), "milestone_steps": dict(t.milestone_steps),
                      "calls": [_call_record(c, option_names) for c in t.calls]}
+                    | ({"scores": dict(t.scores)} if t.scores else {})
                     | ({"goals": list(t.goals)} if goals else {})
                     | ({"faults": len(t.faults), "cut_by_fault": t.cut_by_fault} if "faults/per_episode" in metrics
                        else {}) for t in trajectories]
@@ -1348,6 +1356,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if steps:
         table.add_row(f"steps to the goal on the {steps['seeds']} seeds both solved",
                       *(f"{m:.1f}" for m in steps["means"]))
+    for name, row in result.get("scores", {}).items():
+        table.add_row(f"score {name} (mean of the {row['seeds']} seeds both gave it)",
+                      *(f"{m:.4g}" for m in row["means"]))
     console.print(table)
     low, high = result["difference_ci"]
     console.print(f"{a} − {b}: {100 * result['difference']:+.1f} points of verified completion (95 % CI "
@@ -1358,6 +1369,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console.print(f"steps to the goal, {a} − {b} on the seeds both solved: {steps['difference']:+.1f} (95 % CI "
                       f"{steps['difference_ci'][0]:+.1f} to {steps['difference_ci'][1]:+.1f}, bootstrap over those "
                       "seeds)", markup=False, soft_wrap=True)
+    for name, row in result.get("scores", {}).items():
+        console.print(f"score {name}, {a} − {b}: {row['difference']:+.4g} (95 % CI {row['difference_ci'][0]:+.4g} to "
+                      f"{row['difference_ci'][1]:+.4g}, bootstrap over those seeds)", markup=False, soft_wrap=True)
     for note in mismatches(result):
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if args.json:

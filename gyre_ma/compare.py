@@ -43,6 +43,11 @@ def load_evaluation(path: str | Path) -> dict[str, Any]:
                 and isinstance(e.get("length"), int)):
             raise CompareError(f"{str(path)!r}: episodes[{i}] is {str(e)[:120]!r}; expected an object with "
                                "task_seed (int), success (bool) and length (int)")
+        scores = e.get("scores", {})
+        if not (isinstance(scores, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in scores.values())):
+            raise CompareError(f"{str(path)!r}: episodes[{i}]'s scores are {str(scores)[:120]!r}; expected an object "
+                               "of names to numbers")
         if e["task_seed"] in seen:
             raise CompareError(f"{str(path)!r}: task seed {e['task_seed']} is played twice; an evaluation plays "
                                "each task seed once")
@@ -54,9 +59,10 @@ def compare(first: dict[str, Any], second: dict[str, Any], *, names: tuple[str, 
             confidence: float = 0.95) -> dict[str, Any]:
     """``first`` against ``second`` (two :func:`load_evaluation` results) on the task seeds both
     played: each success rate with its Wilson interval, their difference (first − second) with
-    Newcombe's paired interval and the exact McNemar p-value, the seeds each alone solved, and
-    the steps to the goal on the seeds both solved, their mean difference with a bootstrap
-    interval over those seeds."""
+    Newcombe's paired interval and the exact McNemar p-value, the seeds each alone solved, the
+    steps to the goal on the seeds both solved, and each of the env's scores on the seeds where
+    both episodes gave it: means, and their mean difference with a bootstrap interval over
+    those seeds."""
     by_seed = [{e["task_seed"]: e for e in d["episodes"]} for d in (first, second)]
     seeds = sorted(set(by_seed[0]) & set(by_seed[1]))
     if not seeds:
@@ -82,6 +88,16 @@ def compare(first: dict[str, Any], second: dict[str, Any], *, names: tuple[str, 
         gap = _mean_interval(steps[:, 0] - steps[:, 1], confidence)
         out["steps_to_goal"] = {"seeds": len(solved), "means": steps.mean(axis=0).tolist(),
                                 "difference": gap[0], "difference_ci": [gap[1], gap[2]]}
+    scores: dict[str, Any] = {}
+    for name in sorted({k for d in by_seed for e in d.values() for k in e.get("scores", {})}):
+        given = [s for s in seeds if all(name in d[s].get("scores", {}) for d in by_seed)]
+        if given:  # the env's own figure, on the seeds where both episodes gave it
+            values = np.array([[d[s]["scores"][name] for d in by_seed] for s in given], dtype=float)
+            gap = _mean_interval(values[:, 0] - values[:, 1], confidence)
+            scores[name] = {"seeds": len(given), "means": values.mean(axis=0).tolist(),
+                            "difference": gap[0], "difference_ci": [gap[1], gap[2]]}
+    if scores:
+        out["scores"] = scores
     return out
 
 

@@ -63,6 +63,8 @@ def episode_metrics(trajectories: list[Trajectory], milestones: tuple[str, ...])
         out["llm/fallback_share"] = sum(t.llm_fallbacks for t in trajectories) / requests
     for m in milestones:
         out[f"milestone/{m}"] = sum(m in t.milestone_steps for t in trajectories) / n
+    for name in sorted({k for t in trajectories for k in t.scores}):  # the env's own figures, where it gives them
+        out[f"score/{name}"] = float(np.mean([t.scores[name] for t in trajectories if name in t.scores]))
     return out
 
 

@@ -13,7 +13,7 @@ import math
 import time
 import types
 import warnings
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,9 @@ class Trajectory:
     total_reward: float = 0.0
     tool_calls: int | None = None
     """Tool calls made in the episode, where the env counts them (``env.tool_calls()``)."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """The env's own figures of the episode (``env.episode_scores()``, asked as it ended; an
+    adapter's ``scores``): a schedule's makespan against a heuristic's, say."""
     rule_results: Any = None
     """What the rule engine found at option and episode ends (gyre_ma.rewards.rules.RuleResults)."""
     milestone_agents: dict[str, str] = field(default_factory=dict)
@@ -554,6 +557,8 @@ def play_episode(
             end(run, False, True, Termination.EPISODE)
     if callable(getattr(env, "tool_calls", None)):
         traj.tool_calls = int(env.tool_calls())
+    if callable(getattr(env, "episode_scores", None)) and not traj.cut_by_fault:
+        traj.scores = _scores(env, step)
     traj.length = step
     traj.success = goals <= verified
     return traj
@@ -668,6 +673,30 @@ def _reward(env: Any, agent: str, reward: Any, step: int) -> float:
         return float(reward)
     raise ValueError(f"environment {_env_name(env)}.step (step {step}): agent {agent!r}'s reward is "
                      f"{str(reward)[:100]!r} ({type(reward).__name__}); expected a number")
+
+
+def _scores(env: Any, step: int) -> dict[str, float]:
+    """``env.episode_scores()`` as the episode ended, checked: names to finite numbers."""
+    try:
+        scores = env.episode_scores()
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(f"environment {_env_name(env)}.episode_scores (step {step})", exc) from exc
+    where = f"environment {_env_name(env)}.episode_scores (step {step})"
+    if not isinstance(scores, Mapping):
+        raise ValueError(f"{where} returned {str(scores)[:100]!r} ({type(scores).__name__}); expected a dict of "
+                         "names to numbers")
+    out = {}
+    for name, value in scores.items():
+        if value is None:  # this episode has no such figure
+            continue
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(
+                value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+            raise ValueError(f"{where}: score {name!r} is {str(value)[:100]!r} ({type(value).__name__}); expected "
+                             "a finite number (or None, to leave the episode out of it)")
+        out[name] = float(value)
+    return out
 
 
 _ABSENT = object()

@@ -544,3 +544,52 @@ def test_max_cycles_may_be_each_episodes_own_cap_asked_after_its_reset(tmp_path,
     config.write_text(config.read_text().replace("budgeted_user:make_budgeted", "budgeted_reset:make"))
     assert main(["check", str(config), "--play", "4"]) == 0
     assert "played 4 episodes by a random order of the library's options: 18 steps in all" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- the task's own figures
+def make_scored(scores=None) -> GyreAdapter:
+    return from_gymnasium(_Budgeted(), milestones={"far": lambda u: u.t >= 100},
+                          graph={"goals": ["far"], "milestones": {"far": {}}}, max_cycles=lambda u: u.budget,
+                          scores=scores or {"budget": lambda u: u.budget,
+                                            "half_of_even": lambda u: None if u.budget % 2 else u.budget / 2})
+
+
+def test_scores_are_each_episodes_own_figures_reported_by_eval_and_compare(tmp_path, monkeypatch, capsys) -> None:
+    """A session-60 user's job shop wanted each schedule's makespan against the best rule's,
+    and a session-59 user's routes their length against a heuristic's: figures eval could not
+    report, since every episode ran to its own cap and lengths said nothing."""
+    env = make_scored()
+    assert run_episode(env, budgeted_library(), FirstEligible(), seed=1).scores == {"budget": 4.0, "half_of_even": 2.0}
+    assert run_episode(env, budgeted_library(), FirstEligible(), seed=2).scores == {"budget": 5.0}  # None: left out
+    for scores, expected in (({"x": lambda u: u.missing}, r"score 'x' \(.*\) raised AttributeError"),
+                             ({"x": lambda u: "fast"}, r"score 'x' is 'fast' \(str\); expected a finite number"),
+                             ({"x": lambda u: float("nan")}, r"score 'x' is 'nan' \(float\); expected a finite number")):
+        with pytest.raises((UserCodeError, ValueError), match=expected):
+            run_episode(make_scored(scores), budgeted_library(), FirstEligible(), seed=0)
+    with pytest.raises(TypeError, match=r"scores must map names to callables"):
+        make_scored({"x": 3})
+
+    from gyre_ma.cli import main
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "scored_user.py").write_text("from tests.envs.test_adapters import budgeted_library, make_scored\n")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    config = tmp_path / "scored.yaml"
+    config.write_text("name: scored\nenv: {id: 'scored_user:make_scored'}\n"
+                      "library: 'scored_user:budgeted_library'\nmanager: {kind: random}\n")
+    capsys.readouterr()
+    assert main(["eval", str(config), "--episodes", "10", "--json", str(tmp_path / "a.json")]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    result = json.loads((tmp_path / "a.json").read_text())
+    budgets = [3 + e["task_seed"] % 5 for e in result["episodes"]]
+    assert [e["scores"]["budget"] for e in result["episodes"]] == budgets
+    assert result["score/budget"] == pytest.approx(np.mean(budgets))
+    even = [b / 2 for b in budgets if b % 2 == 0]
+    assert result["score/half_of_even"] == pytest.approx(np.mean(even))
+    assert f"score half_of_even (the env's, mean of the {len(even)} episodes that gave it) " in out
+    assert result["score/budget_ci95_low"] <= result["score/budget"] <= result["score/budget_ci95_high"]
+    # compare pairs them seed by seed: the same seeds, so the same budgets
+    (tmp_path / "b.json").write_text((tmp_path / "a.json").read_text())
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "score budget, a − b: +0 (95 % CI +0 to +0, bootstrap over those seeds)" in out

@@ -110,7 +110,7 @@ class GyreAdapter(ParallelEnv):
         self._graph, self._detectors = _bind_milestones(graph, milestones, self.metadata["name"])
         self._cap_of = max_cycles if callable(max_cycles) else None
         """The user's ``(unwrapped) -> int``, the step cap of each episode, asked after its reset."""
-        self.max_cycles = _max_cycles(None if self._cap_of is not None else max_cycles, env, raw)
+        self._cap = _max_cycles(None if self._cap_of is not None else max_cycles, env, raw)
         self.check_observations = check_observations
         self.possible_agents = list(env.possible_agents)
         self.agents: list[str] = []
@@ -193,7 +193,7 @@ class GyreAdapter(ParallelEnv):
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         observations, infos = self._env.reset(seed=seed, options=options)
         if self._cap_of is not None:  # this episode's own step cap (an instance's budget)
-            self.max_cycles = self._episode_cap()
+            self._cap = self._episode_cap()
         self._steps = 0
         self._achieved = set()
         self.agents = list(self._env.agents)
@@ -201,6 +201,19 @@ class GyreAdapter(ParallelEnv):
         self._observe(observations, "reset")
         self._detect("reset")
         return observations, infos
+
+    @property
+    def max_cycles(self) -> int:
+        """The step cap of the episode (with a per-episode ``max_cycles``, the one asked at its
+        reset)."""
+        return self._cap
+
+    @max_cycles.setter
+    def max_cycles(self, cap: int) -> None:
+        """A cap assigned from outside (PettingZoo's tests and ``check_env`` assign one) holds
+        for every later episode, a per-episode ``max_cycles`` included (a session-60 user's
+        check failed: its cap of 5 was asked anew at reset)."""
+        self._cap, self._cap_of = int(cap), None
 
     def _episode_cap(self) -> int:
         what = f"{self.metadata['name']}: max_cycles {callable_name(self._cap_of)}"
@@ -229,7 +242,7 @@ class GyreAdapter(ParallelEnv):
         self._steps += 1
         terminations = {a: bool(v) for a, v in terminations.items()}
         truncations = {a: bool(v) for a, v in truncations.items()}
-        if self._steps >= self.max_cycles:
+        if self._steps >= self._cap:
             for a in live:
                 if not terminations.get(a, False):
                     truncations[a] = True

@@ -1246,7 +1246,9 @@ def cmd_pretrain_option(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from gyre_ma.monitor import plot_run
 
-    console.print(f"wrote {plot_run(args.run_dir, args.out)}")
+    if args.smooth is not None and (args.smooth < 1 or args.smooth % 2 == 0):
+        raise UsageError(f"--smooth must be an odd number >= 1 (iterations a centred mean pools), got {args.smooth}")
+    console.print(f"wrote {plot_run(args.run_dir, args.out, smooth=args.smooth)}")
     return 0
 
 
@@ -1459,6 +1461,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw a run's learning curves and milestone rates to PNG")
     p.add_argument("run_dir", help="a run directory written by gyre-ma train")
     p.add_argument("--out", help="PNG path (default RUN_DIR/curves.png)")
+    p.add_argument("--smooth", type=int, metavar="N",
+                   help="draw success and length as centred means over N iterations (odd) over the raw points; "
+                        "default: about a tenth of the run's iterations (none under 20); 1: raw only")
     p = sub.add_parser("experiment", help="train seeds × variants of an experiment file, in parallel; rerun to resume")
     p.add_argument("file", help="experiment YAML (base config, variants, seeds, budget, report, evaluation)")
     p.add_argument("--jobs", type=int, help="runs at once as local processes (one torch thread each; default 1); "

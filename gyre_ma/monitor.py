@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from gyre_ma.files import atomic_write, named
+from gyre_ma.stats import centred_mean
 
 
 class Monitor:
@@ -147,12 +148,22 @@ class Monitor:
         self.tensorboard.finalize("success")
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def smoothing_window(iterations: int) -> int:
+    """The centred window ``gyre-ma plot`` smooths a run's curves over by default: an odd
+    number of iterations near a tenth of them (1, no smoothing, for runs under 20), since a
+    point of 4 validation episodes is 0, 25, 50, 75 or 100 % (a session-60 user's curves.png
+    was unreadable at the defaults)."""
+    return max(1, (iterations // 10) | 1) if iterations >= 20 else 1
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None, *, smooth: int | None = None) -> Path:
     """Learning curves (success, episode length, reward: the env's own and what the learner
     was paid) and per-milestone rates vs env steps, from a run directory's ``metrics.csv``,
     to a PNG: the training episodes' and,
     where the run validated, the held-out validation's success and length, sampled and
-    greedy."""
+    greedy. ``smooth`` (odd): the success and length curves as centred means over that many
+    measured iterations, each drawn over its raw points in a paler line; None:
+    :func:`smoothing_window`; 1: raw only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,13 +177,24 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if "env_steps" not in columns or not len(columns["env_steps"]):
         raise ValueError(f"{csv_path}: no iterations logged yet")
     x = columns["env_steps"]
+    window = smoothing_window(len(x)) if smooth is None else smooth
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1 or window % 2 == 0:
+        raise ValueError(f"smooth must be an odd int >= 1 (iterations a centred mean pools), got {smooth!r}")
+
+    def curve(ax: Any, xs: np.ndarray, ys: np.ndarray, style: str, label: str, **kwargs: Any) -> None:
+        if window == 1:
+            ax.plot(xs, ys, style, label=label, **kwargs)
+            return
+        line = ax.plot(xs, centred_mean(ys, window), style, label=f"{label} (mean of {window} iterations)")[0]
+        ax.plot(xs, ys, style, color=line.get_color(), alpha=0.25, linewidth=0.8, **kwargs)
+
     milestones = [c for c in columns if c.startswith("milestone/")]
     fig, axes = plt.subplots(2, 2, figsize=(12 + 2 * _legend_columns(len(milestones)), 8))
     for ax, key, label in ((axes[0, 0], "success_rate", "verified success rate"),
                            (axes[0, 1], "episode_length", "episode length (primitive steps)"),
                            (axes[1, 0], "episode_reward", "reward per training episode")):
         if key in columns:
-            ax.plot(x, columns[key], label="training episodes" if key != "episode_reward" else "the env's own")
+            curve(ax, x, columns[key], "-", "training episodes" if key != "episode_reward" else "the env's own")
         ax.set_title(label)
         ax.set_xlabel("env steps")
     if "reward/total" in columns:  # what the learner was paid (milestones, rules, PRM): the env's may be all zeros
@@ -180,14 +202,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         paid.plot(x, columns["reward/total"], "--", color="tab:orange", label="paid to the learner (reward/total)")
         paid.set_ylabel("paid to the learner", color="tab:orange")
         axes[1, 0].set_ylabel("the env's own")
-        lines = axes[1, 0].get_lines() + paid.get_lines()
+        lines = [line for line in axes[1, 0].get_lines() + paid.get_lines() if not line.get_label().startswith("_")]
         axes[1, 0].legend(lines, [line.get_label() for line in lines], fontsize=7)
     held_out = False  # the held-out validation the progress line shows, where the run ran one
     for mode, style in (("sampled", "-"), ("greedy", "--")):
         for ax, key in ((axes[0, 0], f"validation/{mode}_success"), (axes[0, 1], f"validation/{mode}_length")):
             if key in columns and np.isfinite(columns[key]).any():
                 seen = np.isfinite(columns[key])  # validated iterations only
-                ax.plot(x[seen], columns[key][seen], style, marker=".", label=f"held-out validation, {mode}")
+                curve(ax, x[seen], columns[key][seen], style, f"held-out validation, {mode}", marker=".")
                 held_out = True
     if held_out:
         axes[0, 0].legend(fontsize=7)

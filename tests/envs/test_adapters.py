@@ -520,6 +520,12 @@ def test_max_cycles_may_be_each_episodes_own_cap_asked_after_its_reset(tmp_path,
         traj = run_episode(env, budgeted_library(), FirstEligible(), seed=seed)
         assert traj.length == traj.horizon == 3 + seed and not traj.success  # truncated at its own cap
         assert traj.calls[0].time_fraction == 0.0 and env.max_cycles == 3 + seed
+    from gyre_ma.envs.checks import check_env
+
+    check_env(lambda: make_budgeted(lambda u: 40), pettingzoo_tests=False)  # its cap of 5 holds past reset
+    assigned = make_budgeted()
+    assigned.max_cycles = 2  # as PettingZoo's tests assign one: it holds for every later episode
+    assert run_episode(assigned, budgeted_library(), FirstEligible(), seed=4).length == 2
     for cap, expected in ((lambda u: 0, r"max_cycles .* returned 0; expected an int >= 1, the episode's step cap"),
                           (lambda u: u.missing, r"max_cycles .* raised AttributeError")):
         with pytest.raises(UserCodeError, match=expected):
@@ -559,11 +565,13 @@ def test_scores_are_each_episodes_own_figures_reported_by_eval_and_compare(tmp_p
     and a session-59 user's routes their length against a heuristic's: figures eval could not
     report, since every episode ran to its own cap and lengths said nothing."""
     env = make_scored()
-    assert run_episode(env, budgeted_library(), FirstEligible(), seed=1).scores == {"budget": 4.0, "half_of_even": 2.0}
+    first = run_episode(env, budgeted_library(), FirstEligible(), seed=1)
+    assert first.scores == {"budget": 4.0, "half_of_even": 2.0}
     assert run_episode(env, budgeted_library(), FirstEligible(), seed=2).scores == {"budget": 5.0}  # None: left out
     for scores, expected in (({"x": lambda u: u.missing}, r"score 'x' \(.*\) raised AttributeError"),
                              ({"x": lambda u: "fast"}, r"score 'x' is 'fast' \(str\); expected a finite number"),
-                             ({"x": lambda u: float("nan")}, r"score 'x' is 'nan' \(float\); expected a finite number")):
+                             ({"x": lambda u: float("nan")},
+                              r"score 'x' is 'nan' \(float\); expected a finite number")):
         with pytest.raises((UserCodeError, ValueError), match=expected):
             run_episode(make_scored(scores), budgeted_library(), FirstEligible(), seed=0)
     with pytest.raises(TypeError, match=r"scores must map names to callables"):

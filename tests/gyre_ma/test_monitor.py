@@ -258,3 +258,40 @@ def test_milestone_rates_each_have_a_colour_and_their_legend_covers_no_curve(tmp
         assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
         assert fig.get_window_extent().x1 >= legend.get_window_extent().x1  # and inside the figure
     plt.close(fig)
+
+
+def test_plot_smooths_noisy_curves_by_default_over_their_raw_points(tmp_path, monkeypatch):
+    """A session-60 user's curves.png was unreadable: each validation point is 4 episodes
+    (0, 25, 50, 75 or 100 %), and `gyre-ma plot` had no smoothing."""
+    import matplotlib.axes
+
+    from gyre_ma.cli import main
+    from gyre_ma.monitor import smoothing_window
+    from gyre_ma.stats import centred_mean
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        drawn.append((kwargs.get("label"), np.asarray(args[1], dtype=float), kwargs.get("alpha")))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    monitor = Monitor(tmp_path)
+    rng = np.random.default_rng(0)
+    sampled = rng.integers(0, 5, size=50) / 4
+    for i in range(50):
+        monitor.log(iteration(i, **{"validation/sampled_success": sampled[i], "validation/sampled_length": 40.0}),
+                    step=100 * (i + 1))
+    monitor.close()
+    assert [smoothing_window(n) for n in (4, 19, 20, 50, 150)] == [1, 1, 3, 5, 15]
+    plot_run(tmp_path)
+    smoothed = [y for label, y, _ in drawn if label == "held-out validation, sampled (mean of 5 iterations)"]
+    assert len(smoothed) == 2 and np.allclose(smoothed[0], centred_mean(sampled, 5))  # success, then length
+    assert any(alpha == 0.25 and np.allclose(y, sampled) for _, y, alpha in drawn)  # the raw points, paler
+    drawn.clear()
+    plot_run(tmp_path, smooth=1)
+    assert [y for label, y, _ in drawn if label == "held-out validation, sampled"][0].tolist() == sampled.tolist()
+    with pytest.raises(ValueError, match=r"smooth must be an odd int >= 1"):
+        plot_run(tmp_path, smooth=4)
+    assert main(["plot", str(tmp_path), "--smooth", "2"]) == 2

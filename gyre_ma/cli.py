@@ -273,6 +273,7 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int,
 
     from gyre_ma.checks import check_setup
     from gyre_ma.envs.registry import make_env, make_oracle
+    from gyre_ma.rewards.milestones import last_calls
     from gyre_ma.rollout import ended_by_env, short_of_goals
 
     factory = functools.partial(make_env, config.env.id, **config.env.kwargs)
@@ -328,7 +329,9 @@ def _play_check(config: ExperimentConfig, library: Any, env: Any, episodes: int,
         t = lost[0]
         their = "their" if t.goals else "the"
         unseen = [g for g in (t.goals or goals) if g not in t.milestone_steps]
-        terminated = any(c.terminated for c in t.calls)
+        # terminated unless some agent's last call was truncated (a session-60 user's trains that arrived
+        # terminated, the env's time limit cut the others: "terminated" sent them looking for a loss)
+        terminated = not any(t.calls[i].truncated for i in last_calls(t))
         why = (f"A loss (a death, a failed task) ends an episode so, and an untrained order meets many; where the env "
                f"ended them at a goal instead, the detector of {unseen} does not see it" if terminated else
                "The env's own time limit came first (its truncation, not max_cycles): raise it, or the goals are "

@@ -259,6 +259,48 @@ def test_check_notes_episodes_the_env_ended_with_the_goal_unseen(tmp_path, capsy
     out = " ".join(capsys.readouterr().out.split())
     assert ("(task seed 0, truncated at step 3: verified ['walked'], not ['out']). The env's own time limit came "
             "first (its truncation, not max_cycles): raise it, or the goals are out of reach in that many steps") in out
+    # two trains: the first arrived (terminated), the env's time limit cut the second: a truncation, not a loss
+    (tmp_path / "pair.py").write_text(textwrap.dedent("""
+        import gymnasium as gym
+        import numpy as np
+        from pettingzoo import ParallelEnv
+
+        from door import SPEC
+        from gyre_ma.envs.adapters import from_pettingzoo
+
+
+        class Pair(ParallelEnv):
+            metadata = {"name": "pair"}
+            possible_agents = ["a", "b"]
+
+            def observation_space(self, agent):
+                return gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+
+            def action_space(self, agent):
+                return gym.spaces.Discrete(2)
+
+            def reset(self, seed=None, options=None):
+                self.t, self.agents = 0, ["a", "b"]
+                return {a: np.zeros(1, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+            def step(self, actions):
+                self.t += 1
+                terms = {a: a == "a" and self.t >= 2 for a in self.agents}  # a arrives at step 2
+                truncs = {a: a == "b" and self.t >= 3 for a in self.agents}  # b's time runs out at step 3
+                obs = {a: np.zeros(1, np.float32) for a in self.agents}
+                rewards, infos = {a: 0.0 for a in self.agents}, {a: {} for a in self.agents}
+                self.agents = [a for a in self.agents if not (terms[a] or truncs[a])]
+                return obs, rewards, terms, truncs, infos
+
+
+        def make():
+            return from_pettingzoo(Pair(), milestones={"walked": lambda e: e.t >= 1, "out": lambda e: False},
+                                   graph=SPEC, milestone_agent=lambda e, m: None)
+    """))
+    (tmp_path / "pair.yaml").write_text("name: pair\nenv: {id: 'pair:make'}\nlibrary: 'door:library'\n")
+    assert main(["check", str(tmp_path / "pair.yaml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(task seed 0, truncated at step 3: verified ['walked'], not ['out']). The env's own time limit" in out
 
 
 def test_the_program_imports_a_configs_modules_from_the_folder_it_runs_in(tmp_path):

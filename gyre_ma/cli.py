@@ -1547,6 +1547,23 @@ def _lines_as_printed() -> None:
                 stream.reconfigure(line_buffering=True)
 
 
+def _package_conflict(exc: BaseException) -> str:
+    """Where ``exc`` is an ImportError raised inside another package as it was imported (not
+    in gyre-ma's code), a line saying the installed packages conflict; else "". A session-60
+    user's Flatland pinned numpy<2, pyarrow 20 refused it as ``train`` began, and the message
+    called that a bug in gyre-ma."""
+    from gyre_ma.options.errors import gyre_ma_dirs
+
+    if not isinstance(exc, ImportError) or exc.__traceback__ is None:
+        return ""
+    innermost = traceback.extract_tb(exc.__traceback__)[-1].filename
+    if str(Path(innermost).resolve()).startswith(gyre_ma_dirs()) or innermost.startswith("<frozen importlib"):
+        return ""
+    return (f"a package failed to import ({' '.join(str(exc).split())[:300]}) in {innermost}: the installed "
+            "packages conflict (pip check lists what does not fit), not your input, nor gyre-ma; install versions "
+            "that fit together (an env pinning numpy<2 needs pyarrow<20, say)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     program = argv is None
@@ -1577,7 +1594,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if not _user_error(exc):
             traceback.print_exc()
-            if not _raised_on_purpose(exc):  # else a failure gyre-ma detected (Ray workers that never started)
+            conflict = _package_conflict(exc)
+            if conflict:
+                err_console.print(f"gyre-ma {args.command}: {conflict}", markup=False, soft_wrap=True)
+            elif not _raised_on_purpose(exc):  # else a failure gyre-ma detected (Ray workers that never started)
                 err_console.print(f"gyre-ma {args.command}: this is a bug in gyre-ma, not in your input: please report "
                                   "it with the traceback above", markup=False, soft_wrap=True)
             return 1

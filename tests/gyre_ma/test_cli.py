@@ -705,3 +705,32 @@ def test_the_program_prints_a_line_at_a_time_into_a_file_or_pipe(tmp_path):
     with (tmp_path / "log").open("w") as log:
         subprocess.run([sys.executable, "-c", code], stdout=log, stderr=subprocess.PIPE, check=True)
     assert (tmp_path / "log").read_text().split() == ["True", "True"]
+
+
+def test_a_package_that_fails_to_import_is_called_a_conflict_not_a_bug(tmp_path, capsys, monkeypatch):
+    """A session-60 user's Flatland pinned numpy<2; pyarrow 20 refused it as train began, and
+    the message called that a bug in gyre-ma."""
+    import gyre_ma.cli as cli
+
+    (tmp_path / "stiffpkg").mkdir()
+    (tmp_path / "stiffpkg" / "__init__.py").write_text(
+        "raise ImportError('stiffpkg requires NumPy 2.0 or newer, found 1.26.4')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def command(args):
+        import stiffpkg  # noqa: F401  (as train imports its storage stack)
+
+    monkeypatch.setitem(cli.COMMANDS, "plot", command)
+    assert main(["plot", str(tmp_path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("gyre-ma plot: a package failed to import (stiffpkg requires NumPy 2.0 or newer, found 1.26.4) in "
+            f"{tmp_path / 'stiffpkg' / '__init__.py'}: the installed packages conflict (pip check lists what does not "
+            "fit), not your input, nor gyre-ma") in err
+    assert "this is a bug in gyre-ma" not in err
+
+    def ours(args):  # an ImportError raised in gyre-ma's own code: a bug
+        exec(compile("raise ImportError('cannot import name nothing')", cli.__file__, "exec"))
+
+    monkeypatch.setitem(cli.COMMANDS, "plot", ours)
+    assert main(["plot", str(tmp_path)]) == 1
+    assert "a package failed to import" not in " ".join(capsys.readouterr().err.split())

@@ -1005,7 +1005,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     | ({"goals": list(t.goals)} if goals else {})
                     | ({"faults": len(t.faults), "cut_by_fault": t.cut_by_fault} if "faults/per_episode" in metrics
                        else {}) for t in trajectories]
-        played = {"checkpoint": what, "mode": mode, "stream": args.stream, "first_seed": args.seed,
+        played = {"checkpoint": what, "mode": mode if config.manager.learns else None,  # a fixed manager has none
+                  "stream": args.stream, "first_seed": args.seed,
                   "episodes": args.episodes}  # what gyre-ma compare says of it
         write_json(Path(args.json), metrics | {"played": played, "episodes": episodes, "options": options})
     return 0
@@ -1352,8 +1353,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     table = Table()
     table.add_column("")
     for name, played in zip(names, result["played"]):
-        table.add_column(name + (f"\n{played['checkpoint']} ({played['mode']})" if isinstance(played, dict) else ""),
-                         justify="right")
+        shown = "" if not isinstance(played, dict) else f"\n{played['checkpoint']}" + (
+            f" ({played['mode']})" if played.get("mode") else "")
+        table.add_column(name + shown, justify="right")
     table.add_row("verified completion", *(f"{p:.1%} (95 % CI {lo:.1%}–{hi:.1%})"
                                            for p, (lo, hi) in zip(result["success"], result["success_ci"])))
     table.add_row("seeds it alone solved", str(result["first_only"]), str(result["second_only"]))

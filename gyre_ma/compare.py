@@ -114,14 +114,15 @@ def _span(episodes: dict[int, Any]) -> str:
 
 def mismatches(result: dict[str, Any]) -> list[str]:
     """How the two evaluations were played differently (sampling stream, greedy against
-    sampled, seeds one of them alone played): each a line worth saying beside the figures."""
+    sampled where both learned, seeds one of them alone played): each a line worth saying
+    beside the figures."""
     notes = []
     played = result["played"]
     if all(isinstance(p, dict) for p in played):
         if played[0].get("stream") != played[1].get("stream"):
             notes.append(f"they drew from different sampling streams ({played[0].get('stream')} and "
                          f"{played[1].get('stream')}): paired by task alone, not by the random numbers too")
-        if played[0].get("mode") != played[1].get("mode"):
+        if None not in (played[0].get("mode"), played[1].get("mode")) and played[0]["mode"] != played[1]["mode"]:
             notes.append(f"{result['names'][0]} chose {played[0].get('mode')}, {result['names'][1]} "
                          f"{played[1].get('mode')}")
     for name, left in zip(result["names"], result["unpaired"]):

@@ -64,9 +64,10 @@ def test_compare_pairs_two_evaluations_of_the_same_seeds(tmp_path, capsys):
     assert result["task_seeds"] == 12 and result["success"] == [a.mean(), b.mean()]
     assert (result["first_only"], result["second_only"]) == (int(np.sum(a & ~b)), int(np.sum(~a & b)))
     assert result["first_only"] > 0  # the oracle solves what a random order does not
+    assert "note:" not in out  # neither learned: no mode to differ in, the same stream and seeds
     assert result["difference"] == pytest.approx(a.mean() - b.mean())
     assert result["mcnemar_p"] == pytest.approx(mcnemar_exact(result["first_only"], result["second_only"]))
-    assert result["played"][0]["mode"] == "sampled" and result["played"][0]["first_seed"] == 1_000_000
+    assert result["played"][0]["mode"] is None and result["played"][0]["first_seed"] == 1_000_000  # nothing learned
     low, high = result["difference_ci"]
     assert (f"oracle − random: {100 * result['difference']:+.1f} points of verified completion (95 % CI "
             f"{100 * low:+.1f} to {100 * high:+.1f}, Newcombe's interval for paired rates)") in out

@@ -238,6 +238,8 @@ def test_agents_lost_counts_agents_whose_last_call_ended_before_the_episode():
     assert episode_metrics([died, both], ())["agents_lost"] == 0.0
     both.milestone_steps.update({"key": 3, "door": 20, "not_in_graph": 25})
     assert episode_metrics([died, both], ("key", "door", "goal"))["milestones_verified"] == 1.0
+    died.milestone_steps.update({"key": 0, "goal": 30})  # the key held at reset: the seed's luck, not progress
+    assert episode_metrics([died, both], ("key", "door", "goal"))["milestones_verified"] == 1.5
 
 
 def test_option_shares_say_which_options_the_iterations_calls_ran():

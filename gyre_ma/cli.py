@@ -1086,13 +1086,11 @@ def _option_figures(trajectories: Sequence[Any], library: Any) -> dict[str, dict
 
 def _mean_interval(values: list[float]) -> tuple[float, float]:
     """A percentile-bootstrap 95 % interval of the mean of ``values`` (NaN for none)."""
-    import numpy as np
-
-    from gyre_ma.stats import mean, stratified_bootstrap
+    from gyre_ma.stats import mean_interval
 
     if not values:
         return float("nan"), float("nan")
-    interval = stratified_bootstrap(np.asarray(values, dtype=float)[:, None], mean, reps=2000, seed=0)
+    interval = mean_interval(values)
     return interval.low, interval.high
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gyre_ma.metrics import mcnemar_exact, paired_difference, wilson_interval
+from gyre_ma.stats import mean_interval
 
 
 class CompareError(ValueError):
@@ -85,27 +86,20 @@ def compare(first: dict[str, Any], second: dict[str, Any], *, names: tuple[str, 
     solved = [s for s in seeds if by_seed[0][s]["success"] and by_seed[1][s]["success"]]
     if solved:
         steps = np.array([[by_seed[k][s]["length"] for k in (0, 1)] for s in solved], dtype=float)
-        gap = _mean_interval(steps[:, 0] - steps[:, 1], confidence)
+        gap = mean_interval(steps[:, 0] - steps[:, 1], confidence=confidence)
         out["steps_to_goal"] = {"seeds": len(solved), "means": steps.mean(axis=0).tolist(),
-                                "difference": gap[0], "difference_ci": [gap[1], gap[2]]}
+                                "difference": gap.estimate, "difference_ci": [gap.low, gap.high]}
     scores: dict[str, Any] = {}
     for name in sorted({k for d in by_seed for e in d.values() for k in e.get("scores", {})}):
         given = [s for s in seeds if all(name in d[s].get("scores", {}) for d in by_seed)]
         if given:  # the env's own figure, on the seeds where both episodes gave it
             values = np.array([[d[s]["scores"][name] for d in by_seed] for s in given], dtype=float)
-            gap = _mean_interval(values[:, 0] - values[:, 1], confidence)
+            gap = mean_interval(values[:, 0] - values[:, 1], confidence=confidence)
             scores[name] = {"seeds": len(given), "means": values.mean(axis=0).tolist(),
-                            "difference": gap[0], "difference_ci": [gap[1], gap[2]]}
+                            "difference": gap.estimate, "difference_ci": [gap.low, gap.high]}
     if scores:
         out["scores"] = scores
     return out
-
-
-def _mean_interval(values: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    from gyre_ma.stats import mean, stratified_bootstrap
-
-    interval = stratified_bootstrap(values[:, None], mean, reps=2000, confidence=confidence, seed=0)
-    return interval.estimate, interval.low, interval.high
 
 
 def _span(episodes: dict[int, Any]) -> str:

@@ -650,16 +650,22 @@ def _horizon(env: Any, max_steps: int | None) -> tuple[int, int]:
     return cap, min(cap, int(env_cap)) if env_cap is not None else cap
 
 
+def _ask_env(env: Any, method: str, step: int) -> Any:
+    """``env.<method>()``; what it raises is an error naming the env, the method and the step
+    (a :class:`UserCodeError` of the user's code raised as it is)."""
+    try:
+        return getattr(env, method)()
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(f"environment {_env_name(env)}.{method} (step {step})", exc) from exc
+
+
 def _verified(env: Any, step: int, *, names: bool = False) -> frozenset[str] | set[str]:
     """``env.verified_milestones()``, checked: a set (and with ``names``, as at an episode's
     start, of strings: a check per milestone, too dear for every step); what else it raises
     or returns is an error naming the env and the step."""
-    try:
-        verified = env.verified_milestones()
-    except UserCodeError:
-        raise
-    except Exception as exc:
-        raise UserCodeError(f"environment {_env_name(env)}.verified_milestones (step {step})", exc) from exc
+    verified = _ask_env(env, "verified_milestones", step)
     if not isinstance(verified, (frozenset, set)) or (names and not all(isinstance(m, str) for m in verified)):
         raise ValueError(f"environment {_env_name(env)}.verified_milestones (step {step}) returned "
                          f"{str(verified)[:200]!r} ({type(verified).__name__}); expected a set of milestone names")
@@ -677,12 +683,7 @@ def _reward(env: Any, agent: str, reward: Any, step: int) -> float:
 
 def _scores(env: Any, step: int) -> dict[str, float]:
     """``env.episode_scores()`` as the episode ended, checked: names to finite numbers."""
-    try:
-        scores = env.episode_scores()
-    except UserCodeError:
-        raise
-    except Exception as exc:
-        raise UserCodeError(f"environment {_env_name(env)}.episode_scores (step {step})", exc) from exc
+    scores = _ask_env(env, "episode_scores", step)
     where = f"environment {_env_name(env)}.episode_scores (step {step})"
     if not isinstance(scores, Mapping):
         raise ValueError(f"{where} returned {str(scores)[:100]!r} ({type(scores).__name__}); expected a dict of "
